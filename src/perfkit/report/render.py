@@ -490,6 +490,10 @@ def _middle_blocks(v: Mapping[str, Any]) -> list[str]:
     return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word if n == 1 else word + 's'}"
+
+
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     """The run's verdict as Markdown, the passing rows in a collapsed ``<details>``, within
     ``limit`` characters: passing rows, then failed rows, left out from the end, whole rows only."""
@@ -536,23 +540,23 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
             )
             parts += ["", f"### {title}", "", t]
             if left:
-                parts.append(f"\n{ri.plural(left, 'more row')} not shown here: see {page}.")
+                parts.append(f"\n{_plural(left, 'more row')} not shown here: see {page}.")
         parts += middle
         if len(passing):
             t, left = _rows_table(passing, pass_cols, n_pass_rows)
             parts += [
                 "",
-                "<details><summary>" + f"{ri.plural(len(passing), 'passing gate row')}</summary>",
+                "<details><summary>" + f"{_plural(len(passing), 'passing gate row')}</summary>",
                 "",
                 f"Each row's reason (tolerance, pad, interval) is on {page}.",
                 "",
                 t,
             ]
             if left:
-                parts.append(f"\n{ri.plural(left, 'more passing row')} not shown here: see {page}.")
+                parts.append(f"\n{_plural(left, 'more passing row')} not shown here: see {page}.")
             parts += ["", "</details>"]
         if sk:
-            parts.append(f"\n{ri.plural(sk, 'row')} skipped (not measured here).")
+            parts.append(f"\n{_plural(sk, 'row')} skipped (not measured here).")
         return "\n".join(parts) + "\n"
 
     def most(n: int, make: Callable[[int], str]) -> str:

@@ -286,11 +286,6 @@ def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     return info, verdicts, code, status_word(code, verdicts)
 
 
-def plural(n: int, word: str, plural: str | None = None) -> str:
-    """``"1 row"``, ``"3 rows"``, ``"0 rows"``."""
-    return f"{n} {word if n == 1 else (plural or word + 's')}"
-
-
 def _part_id(part: Mapping[str, Any]) -> str:
     """A planned part's id (``scaleout.units.Part.id``): ``investigation`` or ``investigation.key``."""
     return str(part.get("investigation", part.get("scenario", ""))) + (

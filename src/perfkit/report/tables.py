@@ -438,14 +438,10 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
     return " ".join(lines)
 
 
-def check_frame(
-    rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None, with_case: bool = False
-) -> pd.DataFrame:
-    """The check rows (of ``metrics`` when given): metric, limit (the bound with any noise margin,
-    else the limit), measured, status, reason; ``case`` first with ``with_case``."""
+def check_frame(rows: Iterable[Check | Mapping[str, Any]], with_case: bool = False) -> pd.DataFrame:
+    """The check rows: metric, limit (the bound with any noise margin, else the limit), measured,
+    status, reason; ``case`` first with ``with_case``."""
     df = check_table(list(rows))
-    if metrics is not None:
-        df = df[df["metric"].isin(list(metrics))]
     df = df.assign(
         limit=pd.to_numeric(df["bound"], errors="coerce").fillna(
             pd.to_numeric(df["expected"], errors="coerce")
