@@ -142,10 +142,6 @@ def _unreadable(p: Path, exc: Exception) -> None:
     raise FiguresError(f"{p}: unreadable results ({exc})") from exc
 
 
-def _results(src: Path) -> dict[str, dict]:
-    return {s.name: r for s, r in run_results(src, on_error=_unreadable)}
-
-
 def render_block(block: Block, root: Path) -> str:
     """The Markdown of one block from the bundles under ``root / block.src``.
     Raises FiguresError: the directory holds no investigation results."""
@@ -166,7 +162,7 @@ def render_block(block: Block, root: Path) -> str:
         return _timings_markdown(src / _TIMINGS_FILE, label=f"{block.src}/{_TIMINGS_FILE}")
     if block.kind == "sglang-tier":
         return tier_markdown(src / _TIER_FILE, label=f"{block.src}/{_TIER_FILE}")
-    results = _results(src)
+    results = run_results(src, _unreadable)
     if not results:
         raise FiguresError(f"{src}: no <investigation>/results.json to generate figures from")
     parts: list[str] = []
@@ -335,7 +331,7 @@ def _combined(block: Block, root: Path) -> str:
         where[d] = src
         if not d.is_dir():
             raise FiguresError(f"{block.kind}: {root / src}: no such directory")
-        r = _results(d).get(name)
+        r = run_results(d, _unreadable).get(name)
         if r is None:
             raise FiguresError(f"{block.kind}: {root / src} has no {name}/results.json")
         found.append(r)

@@ -247,8 +247,8 @@ def _gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _reads(run_dir: Path) -> dict[str, Any]:
-    """The run's results (:func:`~perfkit.report.runinfo.read_results_all`) and their key numbers."""
-    results = ri.read_results_all(run_dir)
+    """The run's results (:func:`~perfkit.report.runinfo.run_results`) and their key numbers."""
+    results = ri.run_results(run_dir)
     return {"results": results, "keys": ri.key_numbers(results)}
 
 

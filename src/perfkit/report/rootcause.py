@@ -295,7 +295,7 @@ def _pct(v: Any) -> str:
 def root_cause(run_dir: str | Path, name: str, results: Mapping[str, Any]) -> dict[str, Any] | None:
     """The panel of ``run_dir/<name>``: ``config``, ``not_reported``, ``recompiles``,
     ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from`` (from ``results``,
-    :func:`perfkit.report.runinfo.read_results_all`), ``commands``. None without a bundle; never raises."""
+    :func:`perfkit.report.runinfo.run_results`), ``commands``. None without a bundle; never raises."""
     d = Path(run_dir) / name
     if not (d / "meta.json").exists():
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -101,23 +101,6 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def run_results(
-    run_dir: Path, on_error: Callable[[Path, Exception], None]
-) -> Iterator[tuple[registry.Investigation, dict]]:
-    """(investigation, its results) for each ``run_dir/<name>/results.json``, in registry order.
-    One that cannot be read (OSError, ValueError) goes to ``on_error(path, exc)`` and is skipped."""
-    for s in registry.all_investigations():
-        p = run_dir / s.name / "results.json"
-        if not p.exists():
-            continue
-        try:
-            r = read_results(p.parent)
-        except (OSError, ValueError) as exc:
-            on_error(p, exc)
-            continue
-        yield s, r
-
-
 def bundle_dirs(run_dir: Path) -> list[Path]:
     """``run_dir/<investigation>`` of each investigation with a ``meta.json``, in registry order."""
     return [
@@ -125,22 +108,29 @@ def bundle_dirs(run_dir: Path) -> list[Path]:
     ]
 
 
-def read_results_all(run_dir: Path) -> dict[str, dict | str]:
+def run_results(
+    run_dir: Path, on_error: Callable[[Path, Exception], None] | None = None
+) -> dict[str, dict | str]:
     """Each investigation's ``run_dir/<investigation>/results.json`` in registry order, read once
-    for the page and summary.md: its dict, or the error (``repr``, logged) of an unreadable file."""
+    for the page and summary.md: its dict, or the error (``repr``, logged) of one that cannot be
+    read (OSError, ValueError), after ``on_error(path, exc)`` when given (figures raises there)."""
     out: dict[str, dict | str] = {}
-
-    def bad(p: Path, exc: Exception) -> None:
-        log.warning("report: results of %s: %r", p.parent.name, exc)
-        out[p.parent.name] = repr(exc)
-
-    for s, r in run_results(run_dir, on_error=bad):
-        out[s.name] = r
+    for s in registry.all_investigations():
+        p = run_dir / s.name / "results.json"
+        if not p.exists():
+            continue
+        try:
+            out[s.name] = read_results(p.parent)
+        except (OSError, ValueError) as exc:
+            if on_error is not None:
+                on_error(p, exc)
+            log.warning("report: results of %s: %r", s.name, exc)
+            out[s.name] = repr(exc)
     return out
 
 
 def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.KeyNumber] | str]:
-    """Each investigation's key numbers from its :func:`read_results_all` entry, or the error
+    """Each investigation's key numbers from its :func:`run_results` entry, or the error
     (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
     out: dict[str, list[registry.KeyNumber] | str] = {}
     for name, r in results.items():
@@ -227,7 +217,7 @@ def investigations(
 ) -> list[dict[str, Any]]:
     """One entry per notebook: ``name``, ``title``, ``ran`` (:func:`status_text`),
     ``gate``/``gate_text`` (:func:`gate_result`), ``note`` (where another investigation measured
-    a skipped one, per ``results``, :func:`read_results_all`; else None), ``wall_s``, ``error``."""
+    a skipped one, per ``results``, :func:`run_results`; else None), ``wall_s``, ``error``."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:
