@@ -335,7 +335,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     page would load from the network; jinja2.TemplateError: a missing or broken template."""
     run_dir = Path(run_dir)
     page = template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
-    page = relative_paths(page, run_dir)
+    page = _relative_paths(page, run_dir)
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
@@ -574,9 +574,8 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
 
 
-def relative_paths(text: str, run_dir: str | Path) -> str:
-    """``text`` with the run directory's, the checkout's and the working directory's absolute
-    paths made relative (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``)."""
+def _relative_paths(text: str, run_dir: str | Path) -> str:
+    """``text`` with the run dir's, the checkout's and the working dir's absolute paths made relative."""
     roots: list[str] = []
     for r in (Path(run_dir), repo_root(), Path.cwd()):
         for form in {str(r), str(r.resolve())}:
@@ -591,6 +590,6 @@ def relative_paths(text: str, run_dir: str | Path) -> str:
 
 def write_summary(run_dir: str | Path) -> str:
     """Write ``run_dir/summary.md`` (paths made relative) and return its text."""
-    text = relative_paths(summary_markdown(run_dir), run_dir)
+    text = _relative_paths(summary_markdown(run_dir), run_dir)
     (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
     return text
