@@ -235,9 +235,8 @@ def budget_clamps(launches: pd.DataFrame) -> list[str]:
 _ABS_WORD = re.compile(r"^/[^\s]*$")
 
 
-def command_text(command: str, keep: int = 3) -> str:
-    """An engine command with each absolute path cut to its last ``keep`` parts
-    (``/tmp/work/cold_warm/session/perf`` -> ``…/cold_warm/session/perf``)."""
+def _command_text(command: str, keep: int = 3) -> str:
+    """An engine command with each absolute path cut to its last ``keep`` parts."""
     return " ".join(
         "…/" + "/".join(w.rstrip("/").split("/")[-keep:]) if _ABS_WORD.match(w) and w.count("/") > keep else w
         for w in command.split(" ")
@@ -310,7 +309,7 @@ def root_cause(run_dir: str | Path, name: str, results: Mapping[str, Any]) -> di
         commands = []
         if _present(launches, "command"):
             commands = [
-                {"launch": str(r["launch"]), "command": command_text(str(r["command"]))}
+                {"launch": str(r["launch"]), "command": _command_text(str(r["command"]))}
                 for _, r in launches.iterrows()
                 if pd.notna(r.get("command"))
             ]

@@ -489,18 +489,17 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def value_text(v: Any) -> str:
-    """A params value in plain words, never a Python repr:
-    ``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``."""
+def _value_text(v: Any) -> str:
+    """A params value in plain words: ``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``."""
     if isinstance(v, Mapping):
         items = {k: x for k, x in v.items() if x is not None}
         label = items.pop("label", None)
-        inner = ", ".join(f"{k} {value_text(x)}" for k, x in items.items())
+        inner = ", ".join(f"{k} {_value_text(x)}" for k, x in items.items())
         if label is not None:
             return f"{label}" + (f" ({inner})" if inner else "")
         return inner or "{}"
     if isinstance(v, (list, tuple)):
-        return "[" + "; ".join(value_text(x) for x in v) + "]"
+        return "[" + "; ".join(_value_text(x) for x in v) + "]"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, (int, float)):
@@ -524,8 +523,8 @@ def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[st
         want, had = _plain(value), _plain(_comparable(value, rec[key]))
         if want != had:
             diffs.append(
-                f"{md_text(key, code=True)}: given {md_text(value_text(want))}, "
-                f"measured with {md_text(value_text(_plain(rec[key])))}"
+                f"{md_text(key, code=True)}: given {md_text(_value_text(want))}, "
+                f"measured with {md_text(_value_text(_plain(rec[key])))}"
             )
     if diffs:
         lines.append(
