@@ -111,7 +111,7 @@ def test_report_header_keeps_dirty_and_the_source_digest(tmp_path):
     """The H200 consumer bundles ran from a tree newer than its .git: the report says +dirty."""
     import json
 
-    from perfkit.report.render import _env_line
+    from perfkit.report.render import _engine_facts
 
     meta = json.loads((ROOT / "examples/h200/consumer-12g/launch1/cold_warm/meta.json").read_text())
     assert meta["git_commit"].endswith("+dirty")
@@ -119,7 +119,7 @@ def test_report_header_keeps_dirty_and_the_source_digest(tmp_path):
     (tmp_path / "cold_warm" / "meta.json").write_text(
         json.dumps({**meta, "source_digest": "0123456789abcdef"})
     )
-    line = _env_line(tmp_path)
+    line = _engine_facts(tmp_path)[0]
     assert f"commit {meta['git_commit'][:10]}+dirty" in line and "source 0123456789abcdef" in line
     assert "NVIDIA H200" in line
 
@@ -129,16 +129,16 @@ def test_report_header_names_the_engines_versions_apart_from_perfkits(tmp_path):
     (2.14.1). An old bundle without the engine's versions says so."""
     import json
 
-    from perfkit.report.render import _env_line
+    from perfkit.report.render import _engine_facts
 
     meta = json.loads((ROOT / "examples/h200/consumer-12g/launch1/cold_warm/meta.json").read_text())
     (tmp_path / "cold_warm").mkdir()
     (tmp_path / "cold_warm" / "meta.json").write_text(json.dumps(meta))
-    old = _env_line(tmp_path)
+    old = _engine_facts(tmp_path)[0]
     assert f"engine versions not recorded; perfkit's torch {meta['torch_version']}" in old
     ev = {"python": "/v/bin/python", "sglang": "0.5.23", "torch": "2.14.1+cu130", "diffusers": "0.37.0"}
     meta["engine_versions"] = {"cold": ev}
     (tmp_path / "cold_warm" / "meta.json").write_text(json.dumps(meta))
-    line = _env_line(tmp_path)
+    line = _engine_facts(tmp_path)[0]
     assert "engine: sglang 0.5.23, torch 2.14.1+cu130, diffusers 0.37.0" in line
     assert f"(torch {meta['torch_version']})" in line  # perfkit's own, said as such

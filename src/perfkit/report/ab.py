@@ -47,9 +47,8 @@ def _num(x: Any) -> str:
     return "–" if v is None else number_text(v)
 
 
-def verdict_frame(res: AbResult) -> pd.DataFrame:
-    """The verdict table: A, B (geometric means of the launch medians), B/A and interval as %
-    change, threshold, decision (``status``), launches."""
+def _verdict_frame(res: AbResult) -> pd.DataFrame:
+    """The verdict table: A, B, B/A and interval as % change, threshold, decision, launches."""
     t = res.table
     return pd.DataFrame(
         {
@@ -66,7 +65,7 @@ def verdict_frame(res: AbResult) -> pd.DataFrame:
     )
 
 
-def decision_counts(res: AbResult) -> pd.DataFrame:
+def _decision_counts(res: AbResult) -> pd.DataFrame:
     """One row per decision present, worst first: ``status``, ``metrics`` (how many), ``which``."""
     from perfkit.stats import DECISIONS
 
@@ -148,10 +147,10 @@ def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
         "gate_metrics": ", ".join(res.meta.get("gate_metrics") or []),
         "host_load": " / ".join(str(x) for x in load) if load else None,
         "errors": list(res.meta.get("launch_errors") or []),
-        "spells": spells_line(res),
-        "sequential": sequential_text(res),
-        "looks": format_table(looks_frame(res), None),
-        "verdicts": format_table(verdict_frame(res)),
+        "spells": _spells_line(res),
+        "sequential": _sequential_text(res),
+        "looks": format_table(_looks_frame(res), None),
+        "verdicts": format_table(_verdict_frame(res)),
         "variance": format_table(_variance_frame(res), None),
         "launches": format_table(_launch_frame(res), None),
         "forest_png": base64.b64encode(figure_to_png_bytes(fig)).decode("ascii"),
@@ -176,21 +175,19 @@ def _launches_text(res: AbResult) -> str:
     return f"{n} launches a side"
 
 
-def spells_line(res: AbResult) -> str:
-    """A sentence on the slow spells of the run (``res.meta["slow_spells"]``), or "" when no warm
-    request ran more than 5 % above its side's quiet level."""
+def _spells_line(res: AbResult) -> str:
+    """A sentence on the run's slow spells, or "" when there were none."""
     sp = pd.DataFrame(res.meta.get("slow_spells") or [])
     if sp.empty or not (pd.to_numeric(sp["slow_requests"], errors="coerce") > 0).any():
         return ""
     return (
         "slow spells (DenoisingStage more than 5 % above the side's quiet level, its 10th "
-        f"percentile): {spells_text(sp)}: the host slowed these requests down, which widens the intervals"
+        f"percentile): {_spells_text(sp)}: the host slowed these requests down, which widens the intervals"
     )
 
 
-def looks_frame(res: AbResult) -> pd.DataFrame:
-    """The sequential looks: one row a gated metric, one column a look (its launches a side and
-    confidence), cells B/A ``[low, high]`` and the decision. Empty without looks."""
+def _looks_frame(res: AbResult) -> pd.DataFrame:
+    """The sequential looks: a row a gated metric, a column a look; empty without looks."""
     seq = res.meta.get("sequential") or {}
     cols: dict[str, dict[str, str]] = {}
     for i, lk in enumerate(seq.get("looks") or [], 1):
@@ -205,7 +202,7 @@ def looks_frame(res: AbResult) -> pd.DataFrame:
     return df.rename_axis("metric").reset_index()
 
 
-def sequential_text(res: AbResult) -> str:
+def _sequential_text(res: AbResult) -> str:
     """How the sequential procedure ran and why it stopped, in one sentence; "" without it."""
     seq = res.meta.get("sequential") or {}
     if not seq:
@@ -281,16 +278,16 @@ def ab_summary_markdown(res: AbResult) -> str:
             lines.append(
                 f"- gated but not measured on both sides (gates nothing): {md_text(', '.join(res.gated_unmeasured))}"
             )
-    seq = sequential_text(res)
+    seq = _sequential_text(res)
     if seq:
         lines.append(f"- {md_text(seq)}")  # it names metrics (stage names from the bundles)
-    spells = spells_line(res)
+    spells = _spells_line(res)
     if spells:
         lines.append(f"- {spells}")
     if res.ungated_regressions:
         lines.append(f"- reported, not gated: {md_text(', '.join(res.ungated_regressions))} regressed")
-    lines += ["", markdown_table(verdict_frame(res)), ""]
-    looks = looks_frame(res)
+    lines += ["", markdown_table(_verdict_frame(res)), ""]
+    looks = _looks_frame(res)
     if not looks.empty:
         lines += [
             "Looks (gated metrics, B/A interval at each look's confidence):",
@@ -320,24 +317,23 @@ def write_ab_outputs(res: AbResult, out: str | Path) -> dict[str, Path]:
         exit_code=res.exit_code,
         meta=meta,
         warnings=list(res.meta.get("warnings") or []),
-        gates=format_table(decision_counts(res)),
+        gates=format_table(_decision_counts(res)),
     )
     log.info("ab report: %s", paths["report"])
     return {"result": saved, **paths}
 
 
 #: the targets of the recommendation: detection at least, A/A false alarms at most (fractions)
-DETECT_MIN = 0.95
-ALARM_MAX = 0.01
+_DETECT_MIN = 0.95
+_ALARM_MAX = 0.01
 #: random draws per (arm, N, M) where the ways to pick launches exceed MAX_EXACT; seed 0
-SIMS = 2000
+_SIMS = 2000
 
 _METRIC_WORDS = {"DenoisingStage": "DenoisingStage", "warm_e2e": "warm e2e"}
 
 
-def spells_text(sp: pd.DataFrame) -> str:
-    """One clause per arm of :func:`perfkit.ab.decide.slow_spells` (quiet level in ms; clocks and
-    power-cap shares where recorded)."""
+def _spells_text(sp: pd.DataFrame) -> str:
+    """One clause per arm of :func:`perfkit.ab.decide.slow_spells`."""
     sp = sp.assign(**{c: pd.to_numeric(sp[c], errors="coerce") for c in sp.columns if c != "arm"})
     return "; ".join(
         f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
@@ -359,8 +355,8 @@ def _ways_text(table: pd.DataFrame) -> str:
     if len(exact) and exact.astype(bool).all():
         return "over every way to pick the launches from the pool (exact for this pool)"
     if len(exact) and not exact.astype(bool).any():
-        return f"over {SIMS} random draws of the pool"
-    return f"over every way to pick the launches where there are at most {power.MAX_EXACT:,}, else {SIMS} random draws"
+        return f"over {_SIMS} random draws of the pool"
+    return f"over every way to pick the launches where there are at most {power.MAX_EXACT:,}, else {_SIMS} random draws"
 
 
 def power_markdown(path: str | Path, threshold: float, confidence: float, label: str | None = None) -> str:
@@ -392,8 +388,8 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
             },
         }
     )
-    spells = spells_text(slow_spells(pool.values, pool.bundles))
-    table = power.power_table(pool, settings=[(threshold, confidence)], sims=SIMS, seed=0)
+    spells = _spells_text(slow_spells(pool.values, pool.bundles))
+    table = power.power_table(pool, settings=[(threshold, confidence)], sims=_SIMS, seed=0)
     rows = []
     for (n, m), g in table.groupby(["n", "m"], sort=True):
         first = g.iloc[0]
@@ -448,17 +444,17 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
     for said in untrusted.values():
         lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
     for alarm, what in () if untrusted else power.JUDGEMENTS.items():
-        rec = power.recommend(table, DETECT_MIN, ALARM_MAX, alarm=alarm)
+        rec = power.recommend(table, _DETECT_MIN, _ALARM_MAX, alarm=alarm)
         if rec.empty:
             lines.append(
-                f"- Judged by {what}: no N ≤ {int(table['n'].max())} meets detection ≥ {DETECT_MIN:.0%} "
-                f"of every arm with A/A false alarms ≤ {ALARM_MAX:.0%} at this setting."
+                f"- Judged by {what}: no N ≤ {int(table['n'].max())} meets detection ≥ {_DETECT_MIN:.0%} "
+                f"of every arm with A/A false alarms ≤ {_ALARM_MAX:.0%} at this setting."
             )
         else:
             r = rec.iloc[0]
             lines.append(
-                f"- Judged by {what}: the cheapest N and M with detection ≥ {DETECT_MIN:.0%} of every arm "
-                f"and A/A false alarms ≤ {ALARM_MAX:.0%} are **N = {int(r['n'])}, M = {int(r['m'])}** "
+                f"- Judged by {what}: the cheapest N and M with detection ≥ {_DETECT_MIN:.0%} of every arm "
+                f"and A/A false alarms ≤ {_ALARM_MAX:.0%} are **N = {int(r['n'])}, M = {int(r['m'])}** "
                 f"(worst detection {percent_text(r['detect_min_seen'])}, worst false alarm "
                 f"{percent_text(r['alarm_max_seen'])})."
             )
@@ -475,16 +471,16 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
 
 
 #: experiments a kind (A/A, each arm) and slow-spell rule in a sequential replay; seed 0
-SEQ_SIMS = 1000
+_SEQ_SIMS = 1000
 #: the gate of the sequential figures (``perfkit ab --gate-metrics``)
-SEQ_GATE = ("DenoisingStage", "warm_e2e")
+_SEQ_GATE = ("DenoisingStage", "warm_e2e")
 
 
 def sequential_markdown(
     path: str | Path, threshold: float, confidence: float, label: str | None = None
 ) -> str:
     """``kind=ab-sequential``: the sequential ``perfkit ab`` (Pocock spending, gated on
-    :data:`SEQ_GATE`) replayed on the pool with each slow-spell rule.
+    :data:`_SEQ_GATE`) replayed on the pool with each slow-spell rule.
     Raises FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small."""
     from perfkit.ab import sequential as sq
 
@@ -493,7 +489,7 @@ def sequential_markdown(
     rows, mx = [], None
     for rule in sq.SLOW_RULES:
         design = sq.Design(sq.DEFAULT_MIN_LAUNCHES, sq.DEFAULT_MAX_LAUNCHES, confidence, "pocock", rule)
-        runs = sq.replay_pool(pool, design, SEQ_GATE, threshold, sims=SEQ_SIMS, seed=0)
+        runs = sq.replay_pool(pool, design, _SEQ_GATE, threshold, sims=_SEQ_SIMS, seed=0)
         for r in sq.replay_summary(runs).itertuples():
             used = runs.loc[runs["kind"] == r.kind, "launches"]
             dist = used.value_counts(normalize=True).reindex(range(design.min_launches, r.max_launches + 1))
@@ -525,13 +521,13 @@ def sequential_markdown(
     sizes = f"{a_n} A launches" + "".join(f", {len(pool.launches(arm))} {arm}" for arm in pool.arms)
     lines = [
         f"Sequential `perfkit ab --launches {sq.DEFAULT_MIN_LAUNCHES} --max-launches {mx} --threshold {threshold:g} "
-        f"--confidence {confidence:g} --gate-metrics {','.join(SEQ_GATE)}` replayed on `{label or path}` "
+        f"--confidence {confidence:g} --gate-metrics {','.join(_SEQ_GATE)}` replayed on `{label or path}` "
         f"({sizes}; the maximum is cut to {mx} launches a side, what the pool holds for an A/A of two "
         "disjoint sides), with each slow-spell rule:",
         "",
         markdown_table(pd.DataFrame(rows)),
         "",
-        f"*Generated by `perfkit figures` from the pool `{label or path}`: {SEQ_SIMS} experiments a row (seed 0), "
+        f"*Generated by `perfkit figures` from the pool `{label or path}`: {_SEQ_SIMS} experiments a row (seed 0), "
         "each a random order of the pool's launches drawn without replacement for each side (an A/A: the first "
         f"{mx} of a random order of A's launches on one side, the next {mx} on the other), fed one launch at a "
         "time in the order the procedure asks for; launch values are medians of the warm requests, intervals "

@@ -24,7 +24,7 @@ DIFF_ROLES = ("profiled cold", "profiled warm")
 #: roles of a first request that the diff sets against the warm ones: the cold request
 #: (cold_warm, ab) or the first request of a shape the startup warmup did not cover
 #: (warmup_shapes)
-FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
+_FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 
 @dataclass
@@ -77,10 +77,10 @@ def below_stage(
             out.events[role], out.overhead[role] = got.events, got.overhead
     events = out.events
     for role, ev in events.items():
-        if role in (*FIRST_ROLES, DIFF_ROLES[1]):  # the first one and the first warm one
+        if role in (*_FIRST_ROLES, DIFF_ROLES[1]):  # the first one and the first warm one
             out.stage_top[role] = tr.stage_top_ops(ev, top)
     warm = warm_events(events)
-    first = next((r for r in events if r in FIRST_ROLES), None)
+    first = next((r for r in events if r in _FIRST_ROLES), None)
     if first is not None and warm:
         out.diff_from = first
         out.diff, out.kernel_diff, out.kernel_note = _op_diffs(
@@ -90,31 +90,17 @@ def below_stage(
 
 
 def _op_diffs(a: Any, b: Any, sides: dict[str, list[pd.DataFrame]]) -> tuple[Any, Any, str | None]:
-    """(op diff, kernel diff or None, :func:`kernel_note`) of ``a`` -> ``b``; ``sides``: their traces."""
-    if has_kernels([e for evs in sides.values() for e in evs]):
+    """(op diff, kernel diff when every trace of ``sides`` has device kernels, else why not or None)."""
+    with_k = [k for k, evs in sides.items() if evs and all((e["cat"] == "kernel").any() for e in evs)]
+    if len(with_k) == len(sides):
         return tr.op_diff(a, b), tr.op_diff(a, b, kernels=True), None
-    return tr.op_diff(a, b), None, kernel_note(sides)
-
-
-def has_kernels(events: list[pd.DataFrame]) -> bool:
-    """True when every one of ``events`` (:func:`~perfkit.readings.traces.op_events` frames) has
-    device kernels: a GPU trace. A CPU trace has none, and gets no kernel diff."""
-    return bool(events) and all((e["cat"] == "kernel").any() for e in events)
-
-
-def kernel_note(sides: dict[str, list[pd.DataFrame]]) -> str | None:
-    """Why the kernel diff is missing when some of its sides' traces have device kernels and
-    others none (``sides``: label -> :func:`~perfkit.readings.traces.op_events` frames); None
-    when every trace has kernels (there is a diff) or none has (a CPU run: nothing to say)."""
-    with_k = [k for k, evs in sides.items() if evs and has_kernels(evs)]
     without = [k for k in sides if k not in with_k]
-    if not with_k or not without:
-        return None
-    return (
+    note = (
         f"No device-kernel diff: not every trace of {' and '.join(without)} has device kernels (a "
         f"CPU run, or the profiler recorded no CUDA activity), while those of {' and '.join(with_k)} "
         "do; the op diff above compares CPU-side time only."
     )
+    return tr.op_diff(a, b), None, note if with_k else None
 
 
 def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
@@ -136,7 +122,7 @@ def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
 
 
 #: why an ``N_steps`` trace holds N+1 steps (sglang 0.5.23, ``runtime/utils/profiler.py``)
-WHY_ONE_MORE = (
+_WHY_ONE_MORE = (
     "{n} asked + 1: sglang adds its warm-up step to the recorded ones (active = N + 1); "
     "ProfilerStep#1 is that one (warmup_step)"
 )
@@ -144,7 +130,7 @@ WHY_ONE_MORE = (
 
 def steps_text(asked: Any, recorded: Any, mode: Any) -> str | None:
     """What the steps column says: the count recorded, and why when it is not the count asked
-    (:data:`WHY_ONE_MORE`; fewer: the request ran out of steps); full_stages: every step, no
+    (:data:`_WHY_ONE_MORE`; fewer: the request ran out of steps); full_stages: every step, no
     step ranges. None when nothing is known."""
     if pd.isna(recorded):
         return None
@@ -153,7 +139,7 @@ def steps_text(asked: Any, recorded: Any, mode: Any) -> str | None:
         return f"{r} (every denoising step; no step ranges)" if mode == "full_stages" else str(r)
     n = int(asked)
     if r == n + 1:
-        return f"{r} ({WHY_ONE_MORE.format(n=n)})"
+        return f"{r} ({_WHY_ONE_MORE.format(n=n)})"
     if r <= n:
         return f"{r} of {n} asked + 1 (the request ran out of steps; the last holds what followed)"
     return str(r)
@@ -213,7 +199,7 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
     return [
         (role, tr.overhead_frame(t))
         for role, t in bs.overhead.items()
-        if role in (*FIRST_ROLES, DIFF_ROLES[1]) and not t.empty
+        if role in (*_FIRST_ROLES, DIFF_ROLES[1]) and not t.empty
     ]
 
 

@@ -34,9 +34,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "hardware"
 
 
-def commit_link(commit: str, template: str | None) -> dict[str, str | None]:
-    """``{"text": short hash, "url": template filled or None, "full"}``. Raises ValueError: a
-    template that is not an http(s) URL."""
+def _commit_link(commit: str, template: str | None) -> dict[str, str | None]:
+    """``{"text": short hash, "url", "full"}``; raises ValueError: a template not http(s)."""
     if template and not template.lower().startswith(("https://", "http://")):
         raise ValueError(f"commit URL template {template!r} must start with https:// or http://")
     return {"text": commit[:10], "url": template.format(commit=commit) if template else None, "full": commit}
@@ -116,8 +115,8 @@ def series_context(
     steps = [
         {
             "kind": s.kind,
-            "before": commit_link(s.before.commit, commit_url),
-            "after": commit_link(s.after.commit, commit_url),
+            "before": _commit_link(s.before.commit, commit_url),
+            "after": _commit_link(s.after.commit, commit_url),
             "before_time": f"{s.before.time:%Y-%m-%d %H:%M}",
             "after_time": f"{s.after.time:%Y-%m-%d %H:%M}",
             "between": len(s.between),
@@ -134,7 +133,7 @@ def series_context(
     outliers = [
         {
             "time": f"{p.time:%Y-%m-%d %H:%M}",
-            "commit": commit_link(p.commit, commit_url),
+            "commit": _commit_link(p.commit, commit_url),
             "value": f"{number_text(p.value)} {a.unit}",
             "ratio": f"× {r:.2f}",
         }
@@ -154,7 +153,7 @@ def series_context(
         "gaps": [{"reason": k, "count": v} for k, v in gaps.most_common()],
         "latest": {
             **_latest(a, settings),
-            "commit": commit_link(a.points[-1].commit, commit_url),
+            "commit": _commit_link(a.points[-1].commit, commit_url),
             "time": f"{a.points[-1].time:%Y-%m-%d %H:%M}",
         },
     }
@@ -188,8 +187,8 @@ def write_site(
         evs = [e for e in cp.events(mine) if len(e.members) > 1]
         events = [
             {
-                "before": commit_link(e.before.commit, commit_url),
-                "after": commit_link(e.after.commit, commit_url),
+                "before": _commit_link(e.before.commit, commit_url),
+                "after": _commit_link(e.after.commit, commit_url),
                 "time": f"{e.before.time:%Y-%m-%d %H:%M} .. {e.after.time:%Y-%m-%d %H:%M}",
                 "members": [
                     {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": change_text(s.ratio)}
@@ -209,7 +208,7 @@ def write_site(
                 runs=rows["run_key"].nunique(),
                 first=f"{rows['time'].min():%Y-%m-%d}",
                 last=f"{rows['time'].max():%Y-%m-%d}",
-                latest_commit=commit_link(str(latest["commit"]), commit_url),
+                latest_commit=_commit_link(str(latest["commit"]), commit_url),
                 sources=", ".join(sorted(rows["source"].unique())),
                 events=events,
                 cases=cases,
@@ -234,16 +233,15 @@ def write_site(
     return [index, *pages]
 
 
-REPORT_FILE = "report.html"
+_REPORT_FILE = "report.html"
 
 
 def _commit(c: Mapping[str, Any] | None) -> str:
     return "?" if not c else f"{c['short']} {c['subject']}"
 
 
-def probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
-    """One row a probe, in the order they ran: commit, ``status`` (bad, good, undecided, error),
-    the A/B decision, B/A and interval as % change, launches, the error or stop reason."""
+def _probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
+    """One row a probe, in the order they ran."""
     rows = []
     for i, p in enumerate(d.get("probes") or [], 1):
         c = p.get("commit") or {}
@@ -328,7 +326,7 @@ def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
         "",
     ]
     lines += [f"- {f}" for f in _facts(d)]
-    probes = probes_frame(d)
+    probes = _probes_frame(d)
     lines += ["", "Probes, in the order they ran (B = the commit, A = the reference):", ""]
     lines += [markdown_table(probes) if not probes.empty else "no probe ran", ""]
     return "\n".join(lines)
@@ -343,7 +341,7 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
     outcome = str(d.get("outcome"))
     links = []
     for i, p in enumerate(d.get("probes") or [], 1):
-        page = Path(p.get("out") or "") / REPORT_FILE
+        page = Path(p.get("out") or "") / _REPORT_FILE
         if p.get("out") and page.is_file():
             href = os.path.relpath(page, out)
             links.append(
@@ -362,7 +360,7 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
         reference="the commit before the step" if confirm else "the good commit",
         metric=s.get("metric"),
         threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
-        probes=format_table(probes_frame(d)),
+        probes=format_table(_probes_frame(d)),
         links=links,
     )
     return write_tool_outputs(

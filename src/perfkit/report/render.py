@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import markupsafe
 import pandas as pd
 
-from perfkit.bundle import ResultBundle, read_meta
+from perfkit.bundle import ResultBundle
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import clip, md_text
 from perfkit.engine.owner import run_bounded
@@ -50,14 +50,6 @@ def external_refs(text: str) -> list[str]:
     (``src=``/``href=``/``action=``/``poster=``/``data=`` to ``//`` or ``http(s)://``, CSS
     ``url(//…)`` and ``@import``). Empty when the page is self-contained."""
     return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
-
-
-def neutralise_external(text: str) -> str:
-    """Make network references inert: ``src="https://x"`` -> ``data-offline-src="https://x"``,
-    ``url(https://x)`` -> ``url(data:,https://x)``."""
-    text = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", text)
-    text = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
-    return _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", text)
 
 
 #: the page template; it includes ``report.css`` inline and renders each section's HTML
@@ -126,9 +118,11 @@ def section_template(name: str) -> str:
         return FALLBACK_SECTION_TEMPLATE
 
 
-def section_context(run_dir: str | Path, n: Mapping[str, Any], keys: Mapping | None = None) -> dict[str, Any]:
+def section_context(
+    run_dir: str | Path, n: Mapping[str, Any], reads: Mapping | None = None
+) -> dict[str, Any]:
     """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below;
-    ``keys``: the run's :func:`~perfkit.report.runinfo.key_numbers`, read when not given).
+    ``reads``: the run's ``results`` and ``keys``, as :func:`_reads`, read when not given).
     Never raises on a broken notebook or results file: logged and shown in the section."""
     run_dir = Path(run_dir)
     name = str(n["name"])
@@ -138,9 +132,10 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any], keys: Mapping | N
         intro = registry.get(name).section_intro if name != GATE else ""
     except KeyError:
         title, question, intro = name, "", ""
-    keys = (ri.key_numbers(run_dir) if keys is None else keys).get(name, [])
+    reads = _reads(run_dir) if reads is None else reads
+    keys = reads["keys"].get(name, [])
     verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
-    rc = root_cause(run_dir, name) if name != GATE and status != "skipped" else None
+    rc = root_cause(run_dir, name, reads["results"]) if name != GATE and status != "skipped" else None
     # the bundle sits at RUN/<name>/, beside the page: trace links are relative to the page
     below = below_stage_panel(run_dir / name, link_prefix=f"{name}/") if name != GATE else None
     nbp = run_dir / (n.get("output") or f"notebooks/{name}.ipynb")  # relative to the run, or absolute
@@ -176,10 +171,10 @@ def section_context(run_dir: str | Path, n: Mapping[str, Any], keys: Mapping | N
     }
 
 
-def render_section(run_dir: str | Path, n: Mapping[str, Any], keys: Mapping | None = None) -> str:
-    """The HTML of one notebook's section (``keys``: as :func:`section_context`'s).
+def render_section(run_dir: str | Path, n: Mapping[str, Any], reads: Mapping | None = None) -> str:
+    """The HTML of one notebook's section (``reads``: as :func:`section_context`'s).
     Raises jinja2.TemplateNotFound: a missing template."""
-    ctx = section_context(run_dir, n, keys)
+    ctx = section_context(run_dir, n, reads)
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
 
 
@@ -241,9 +236,8 @@ def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None)
     return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 
-def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """``[{"status", "n", "text"}]`` per gate status present, failures first
-    (``"60 passed"``, ``"1 failed"``, ``"30 skipped"``)."""
+def _gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
+    """``[{"status", "n", "text": "60 passed"}]`` per gate status present, failures first."""
     if verdicts.empty:
         return []
     words = {"fail": "failed", "pass": "passed", "inconclusive": "inconclusive (noise could flip)"}
@@ -252,18 +246,27 @@ def gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
     return [{"status": s, "n": int(counts[s]), "text": f"{int(counts[s])} {words.get(s, s)}"} for s in order]
 
 
+def _reads(run_dir: Path) -> dict[str, Any]:
+    """The run's results (:func:`~perfkit.report.runinfo.run_results`) and their key numbers."""
+    results = ri.run_results(run_dir)
+    return {"results": results, "keys": ri.key_numbers(results)}
+
+
 def _run_view(run_dir: Path) -> dict[str, Any]:
     """What the page and summary.md both show, read once."""
     info, verdicts, code, word = ri.run_status(run_dir)
-    keys = ri.key_numbers(run_dir)
-    rows = [(k.label, k.text) for v in keys.values() if not isinstance(v, str) for k in v]
+    reads = _reads(run_dir)
+    rows = [(k.label, k.text) for v in reads["keys"].values() if not isinstance(v, str) for k in v]
+    env, engine = _engine_facts(run_dir)
     return {
         "info": info,
         "verdicts": verdicts,
         "code": code,
         "word": word,
-        "inv": ri.investigations(run_dir, info.get("notebooks", [])),
-        "keys": keys,
+        "inv": ri.investigations(run_dir, info.get("notebooks", []), reads["results"]),
+        "reads": reads,
+        "env": env,
+        "engine": engine,
         "key_rows": pd.DataFrame(rows, columns=["what", "value"]) if rows else None,
         "units": ri.units_frame(info),
         "ends": ri.engine_ends_frame(run_dir),
@@ -296,7 +299,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "verdict": v["word"],
         "exit_code": v["code"],
         "meta": meta,
-        "environment": _env_line(run_dir),
+        "environment": v["env"],
         "toc": toc,
         "failed": _failed_boxes(toc, verdicts),
         "errors": [n for n in nbs if n.get("status") == "error"],
@@ -307,8 +310,8 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "warnings": v["warnings"],
         "gates": _gate_table(verdicts),
         "gates_attention": _gate_table(verdicts, ("fail", "improved")),
-        "gate_counts": gate_counts(verdicts),
-        "sections": [markupsafe.Markup(render_section(run_dir, n, v["keys"])) for n in nbs],
+        "gate_counts": _gate_counts(verdicts),
+        "sections": [markupsafe.Markup(render_section(run_dir, n, v["reads"])) for n in nbs],
     }
 
 
@@ -327,20 +330,19 @@ def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dic
     return out
 
 
-def render_page(run_dir: str | Path) -> str:
-    """The report page of ``run_dir`` as HTML (not yet checked for network references)."""
-    return template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
-
-
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) and return its path. Raises RuntimeError: the
     page would load from the network; jinja2.TemplateError: a missing or broken template."""
     run_dir = Path(run_dir)
-    page = relative_paths(render_page(run_dir), run_dir)
+    page = template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
+    page = _relative_paths(page, run_dir)
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
-        page = neutralise_external(page)
+        # inert: src="https://x" -> data-offline-src="https://x", url(https://x) -> url(data:,https://x)
+        page = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", page)
+        page = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
+        page = _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
         left = external_refs(page)
         if left:
             raise RuntimeError(f"report would load from the network: {left[:3]}")
@@ -385,37 +387,18 @@ def write_tool_outputs(
     return {"summary": out / "summary.md", "report": out / "report.html"}
 
 
-def _env_line(run_dir: Path) -> str:
-    """Hardware and versions (engine's, perfkit's) from the first bundle's ``meta.json``, or ""."""
-    for d in ri.bundle_dirs(run_dir):
-        try:
-            m = read_meta(d)
-        except (OSError, ValueError) as exc:
-            log.warning("report: unreadable %s: %r", d / "meta.json", exc)
-            continue
-        bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}", engine_versions_text(m)]
-        bits.append(f"perfkit {m.get('perfkit_version')} (torch {m.get('torch_version')})")
-        if m.get("git_commit"):
-            c = str(m["git_commit"])
-            bits.append(f"commit {c[:10]}" + ("+dirty" if c.endswith("+dirty") else ""))
-        if m.get("source_digest"):
-            bits.append(f"source {m['source_digest']}")
-        return ", ".join(str(b) for b in bits)
-    return ""
-
-
 #: what summary.md is fitted into: GitHub's 65,536-character comment limit less room for a
 #: caller's header or footer
 SUMMARY_LIMIT = 60_000
 #: a table cell's text is wrapped (``<br>``) at about this many characters
-WRAP_AT = 60
+_WRAP_AT = 60
 
 
-def wrap_cell(text: Any) -> str:
-    """``text`` broken at words every :data:`WRAP_AT` characters, so it wraps in a GitHub table."""
+def _wrap_cell(text: Any) -> str:
+    """``text`` broken at words every :data:`_WRAP_AT` characters, so it wraps in a GitHub table."""
     t = str(text if text is not None else "").strip()
-    wrapped = textwrap.wrap(t, WRAP_AT, break_long_words=True, break_on_hyphens=False)
-    return t if len(t) <= WRAP_AT else "\n".join(wrapped)
+    wrapped = textwrap.wrap(t, _WRAP_AT, break_long_words=True, break_on_hyphens=False)
+    return t if len(t) <= _WRAP_AT else "\n".join(wrapped)
 
 
 def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tuple[str, int]:
@@ -423,13 +406,12 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
     v = df[[c for c in cols if c in df.columns]]
     left, v = 0 if n is None else max(0, len(v) - n), v.iloc[:n]
     if "reason" in v.columns:
-        v = v.assign(reason=v["reason"].map(wrap_cell))
+        v = v.assign(reason=v["reason"].map(_wrap_cell))
     return markdown_table(v), left
 
 
-def engine_versions_text(meta: Mapping[str, Any]) -> str:
-    """The first launch's engine versions (``engine: sglang 0.5.23, torch 2.14.1+cu130,
-    diffusers 0.37.0``), else perfkit's torch and diffusers, said as such."""
+def _engine_versions_text(meta: Mapping[str, Any]) -> str:
+    """The first launch's engine versions, else perfkit's torch and diffusers, said as such."""
     ev = next(iter((meta.get("engine_versions") or {}).values()), None)
     if not ev or "error" in ev:
         why = f" ({ev['error']})" if ev else ""
@@ -440,31 +422,42 @@ def engine_versions_text(meta: Mapping[str, Any]) -> str:
     return "engine: " + ", ".join(f"{p} {ev[p]}" for p in ("sglang", "torch", "diffusers") if ev.get(p))
 
 
-def _engine_lines(run_dir: Path) -> list[str]:
-    """The first launch's engine versions and where its config and cold start parts were read from."""
+def _engine_facts(run_dir: Path) -> tuple[str, list[str]]:
+    """(the page's hardware and versions line, summary.md's Engine lines: the first launch's
+    versions and where its config and cold start parts were read from) from the run's bundles."""
+    env = ""
     for d in ri.bundle_dirs(run_dir):
         try:
             b = ResultBundle.load(d)
             ln = b.table("launches")
-        except Exception as exc:  # noqa: BLE001 - the summary is written in every case
-            log.warning("summary: engine facts of %s: %r", d.name, exc)
+        except Exception as exc:  # noqa: BLE001 - the report is written in every case
+            log.warning("report: unreadable bundle %s: %r", d, exc)
             continue
-        if ln.empty:
-            continue
-        row = ln.iloc[0]
-        return [
-            f"- {md_text(engine_versions_text(b.meta))}",
-            f"- effective config from: {md_text(row.get('config_source'))}",
-            f"- cold start parts from: {md_text(row.get('cold_start_sources'))}",
-        ]
-    return []
+        m = b.meta
+        if not env:
+            bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}", _engine_versions_text(m)]
+            bits.append(f"perfkit {m.get('perfkit_version')} (torch {m.get('torch_version')})")
+            if m.get("git_commit"):
+                c = str(m["git_commit"])
+                bits.append(f"commit {c[:10]}" + ("+dirty" if c.endswith("+dirty") else ""))
+            if m.get("source_digest"):
+                bits.append(f"source {m['source_digest']}")
+            env = ", ".join(str(x) for x in bits)
+        if not ln.empty:
+            row = ln.iloc[0]
+            return env, [
+                f"- {md_text(_engine_versions_text(m))}",
+                f"- effective config from: {md_text(row.get('config_source'))}",
+                f"- cold start parts from: {md_text(row.get('cold_start_sources'))}",
+            ]
+    return env, []
 
 
-def _middle_blocks(run_dir: Path, v: Mapping[str, Any]) -> list[str]:
+def _middle_blocks(v: Mapping[str, Any]) -> list[str]:
     """The summary's blocks between the failed and the passing gate rows (``v``: the run view)."""
     info, keys, units, ends = v["info"], v["key_rows"], v["units"], v["ends"]
     nbs = info.get("notebooks", [])
-    inv = [{**r, "note": wrap_cell(clip(r["note"]))} for r in ri.investigations_table(v["inv"])]
+    inv = [{**r, "note": _wrap_cell(clip(r["note"]))} for r in ri.investigations_table(v["inv"])]
     blocks = [
         (
             "Errors",
@@ -485,7 +478,7 @@ def _middle_blocks(run_dir: Path, v: Mapping[str, Any]) -> list[str]:
             if keys is not None
             else [],
         ),
-        ("Engine", _engine_lines(run_dir)),
+        ("Engine", v["engine"]),
         ("Units of work", [markdown_table(units)] if units is not None else []),
         ("Merge notes", [f"- {md_text(n)}" for n in (info.get("scaleout") or {}).get("notes") or []]),
         ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
@@ -495,6 +488,10 @@ def _middle_blocks(run_dir: Path, v: Mapping[str, Any]) -> list[str]:
         ),
     ]
     return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word if n == 1 else word + 's'}"
 
 
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
@@ -528,7 +525,7 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     if len(passing) and set(passing["status"].astype(str)) != {"pass"}:
         pass_cols.append("status")
 
-    middle = _middle_blocks(run_dir, v)
+    middle = _middle_blocks(v)
     sk = len(verdicts) - len(shown)
     page = "the report page (`report.html`)"
 
@@ -543,23 +540,23 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
             )
             parts += ["", f"### {title}", "", t]
             if left:
-                parts.append(f"\n{ri.plural(left, 'more row')} not shown here: see {page}.")
+                parts.append(f"\n{_plural(left, 'more row')} not shown here: see {page}.")
         parts += middle
         if len(passing):
             t, left = _rows_table(passing, pass_cols, n_pass_rows)
             parts += [
                 "",
-                "<details><summary>" + f"{ri.plural(len(passing), 'passing gate row')}</summary>",
+                "<details><summary>" + f"{_plural(len(passing), 'passing gate row')}</summary>",
                 "",
                 f"Each row's reason (tolerance, pad, interval) is on {page}.",
                 "",
                 t,
             ]
             if left:
-                parts.append(f"\n{ri.plural(left, 'more passing row')} not shown here: see {page}.")
+                parts.append(f"\n{_plural(left, 'more passing row')} not shown here: see {page}.")
             parts += ["", "</details>"]
         if sk:
-            parts.append(f"\n{ri.plural(sk, 'row')} skipped (not measured here).")
+            parts.append(f"\n{_plural(sk, 'row')} skipped (not measured here).")
         return "\n".join(parts) + "\n"
 
     def most(n: int, make: Callable[[int], str]) -> str:
@@ -577,9 +574,8 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
     return text[: limit - 200].rsplit("\n\n", 1)[0] + f"\n\n… cut at {limit} characters: see {page}.\n"
 
 
-def relative_paths(text: str, run_dir: str | Path) -> str:
-    """``text`` with the run directory's, the checkout's and the working directory's absolute
-    paths made relative (``/tmp/x/baseline.json`` -> ``baseline.json``; itself -> ``.``)."""
+def _relative_paths(text: str, run_dir: str | Path) -> str:
+    """``text`` with the run dir's, the checkout's and the working dir's absolute paths made relative."""
     roots: list[str] = []
     for r in (Path(run_dir), repo_root(), Path.cwd()):
         for form in {str(r), str(r.resolve())}:
@@ -594,6 +590,6 @@ def relative_paths(text: str, run_dir: str | Path) -> str:
 
 def write_summary(run_dir: str | Path) -> str:
     """Write ``run_dir/summary.md`` (paths made relative) and return its text."""
-    text = relative_paths(summary_markdown(run_dir), run_dir)
+    text = _relative_paths(summary_markdown(run_dir), run_dir)
     (Path(run_dir) / "summary.md").write_text(text, encoding="utf-8")
     return text

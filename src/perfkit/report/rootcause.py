@@ -14,9 +14,9 @@ import pandas as pd
 from perfkit.bundle import WARMUP_INDEX, ResultBundle
 from perfkit.checks import NOT_REPORTED, is_reported
 from perfkit.common.numfmt import json_float
+from perfkit.investigations import registry
 from perfkit.readings.records import read_number
 from perfkit.report.plots import launch_names
-from perfkit.report.runinfo import run_results
 from perfkit.report.tables import MISSING, Table, cell_text, format_table, penalty_stage
 from perfkit.roles import request_roles
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 #: launches-table column -> row label of the effective config; the first block is always shown
 #: ("not reported" when the bundle lacks the column or it is empty), the second when present
-CONFIG_COLUMNS: dict[str, str] = {
+_CONFIG_COLUMNS: dict[str, str] = {
     "compile_requested": "torch.compile requested",
     "compile_active": "torch.compile active",
     "compile_backend": "compile backend",
@@ -66,19 +66,19 @@ def _present(df: pd.DataFrame, col: str) -> bool:
 
 
 def not_reported(launches: pd.DataFrame | None) -> list[str]:
-    """Labels of the :data:`CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
+    """Labels of the :data:`_CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
     column, or every launch left it empty); why compile was disabled is not missing when every
     launch ran with compile active."""
     df = launches if launches is not None else pd.DataFrame()
-    out = [label for col, label in CONFIG_COLUMNS.items() if not _present(df, col)]
+    out = [label for col, label in _CONFIG_COLUMNS.items() if not _present(df, col)]
     if _present(df, "compile_active") and df["compile_active"].fillna(False).astype(bool).all():
-        out = [x for x in out if x != CONFIG_COLUMNS["compile_disabled_reason"]]  # nothing to explain
+        out = [x for x in out if x != _CONFIG_COLUMNS["compile_disabled_reason"]]  # nothing to explain
     return out
 
 
 def engine_config(launches: pd.DataFrame) -> Table | None:
     """The effective engine config per launch (rows: settings, columns: launches), or None
-    without launches: the :data:`CONFIG_COLUMNS` some launch reported (empty reads
+    without launches: the :data:`_CONFIG_COLUMNS` some launch reported (empty reads
     :data:`NOT_REPORTED`), then warmup, placement and caps when recorded."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
@@ -88,13 +88,14 @@ def engine_config(launches: pd.DataFrame) -> Table | None:
         "setting",
         *(names.get(lk, lk) if names.get(lk, lk) == lk else f"{lk} ({names[lk]})" for lk in cols),
     ]
-    rows = []
-    for col, label in CONFIG_COLUMNS.items():
-        if _present(launches, col):
-            rows.append([label, *(NOT_REPORTED if pd.isna(v) else cell_text(v) for v in launches[col])])
-    for col, label in _EXTRA_CONFIG.items():
-        if _present(launches, col):
-            rows.append([label, *(cell_text(v) for v in launches[col])])
+    rows = [
+        [
+            label,
+            *(NOT_REPORTED if col in _CONFIG_COLUMNS and pd.isna(v) else cell_text(v) for v in launches[col]),
+        ]
+        for col, label in {**_CONFIG_COLUMNS, **_EXTRA_CONFIG}.items()
+        if _present(launches, col)
+    ]
     return Table(header=header, rows=rows)
 
 
@@ -170,9 +171,8 @@ def recompilations(bundle: ResultBundle) -> Table | None:
     return format_table(pd.DataFrame(rows), None, labels=False)
 
 
-def compile_count_note(bundle: ResultBundle) -> str | None:
-    """Which requests report no compile count (sglang's records carry none), so an empty
-    recompilations table is never read as "none compiled"; None when all do."""
+def _compile_count_note(bundle: ResultBundle) -> str | None:
+    """Which requests report no compile count (sglang's records carry none); None when all do."""
     req = bundle.requests
     missing = int(req["compiles"].isna().sum())
     if not missing:
@@ -226,7 +226,7 @@ def budget_clamps(launches: pd.DataFrame) -> list[str]:
             if pd.isna(ask):
                 ask = r.get("host_cap_gib")
             out.append(f"{lk}: host cap asked {cell_text(ask)} GiB, in force {cell_text(eff)} GiB ({clamp})")
-        if r.get("cap_exceeded") is True or (pd.notna(r.get("cap_exceeded")) and bool(r.get("cap_exceeded"))):
+        if pd.notna(r.get("cap_exceeded")) and bool(r.get("cap_exceeded")):
             out.append(f"{lk}: the host cap was exceeded and the engine was stopped")
     return out
 
@@ -235,9 +235,8 @@ def budget_clamps(launches: pd.DataFrame) -> list[str]:
 _ABS_WORD = re.compile(r"^/[^\s]*$")
 
 
-def command_text(command: str, keep: int = 3) -> str:
-    """An engine command with each absolute path cut to its last ``keep`` parts
-    (``/tmp/work/cold_warm/session/perf`` -> ``…/cold_warm/session/perf``)."""
+def _command_text(command: str, keep: int = 3) -> str:
+    """An engine command with each absolute path cut to its last ``keep`` parts."""
     return " ".join(
         "…/" + "/".join(w.rstrip("/").split("/")[-keep:]) if _ABS_WORD.match(w) and w.count("/") > keep else w
         for w in command.split(" ")
@@ -256,11 +255,11 @@ def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return parts
 
 
-def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | None, str | None]:
-    """(table, where) of the instrumentation overhead from ``name``'s results, else another
-    investigation's (``where``: its title). (None, None) when none measured it."""
-    for inv, r in run_results(Path(run_dir), first=name, on_error=lambda p, exc: None):
-        parts = _overhead_parts(r)
+def _instrumentation_overhead(results: Mapping[str, Any], name: str) -> tuple[Table | None, str | None]:
+    """(table, title of the investigation it is from when not ``name``) of the instrumentation
+    overhead, ``name``'s results first; (None, None) when none measured it."""
+    for inv, r in sorted(results.items(), key=lambda kv: kv[0] != name):
+        parts = _overhead_parts(r) if isinstance(r, Mapping) else None
         if not parts:
             continue
         rows = []
@@ -276,7 +275,7 @@ def instrumentation_overhead(run_dir: str | Path, name: str) -> tuple[Table | No
                     "95% interval": f"{_pct(ci[0])} … {_pct(ci[1])}" if ci[0] is not None else MISSING,
                 }
             )
-        where = None if inv.name == name else inv.title
+        where = None if inv == name else registry.get(inv).title
         return format_table(pd.DataFrame(rows), None, labels=False), where
     return None, None
 
@@ -292,10 +291,10 @@ def _pct(v: Any) -> str:
     return MISSING if f is None else f"{f:+.2%}"
 
 
-def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
+def root_cause(run_dir: str | Path, name: str, results: Mapping[str, Any]) -> dict[str, Any] | None:
     """The panel of ``run_dir/<name>``: ``config``, ``not_reported``, ``recompiles``,
-    ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from``, ``commands``. None
-    without a bundle; never raises."""
+    ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from`` (from ``results``,
+    :func:`perfkit.report.runinfo.run_results`), ``commands``. None without a bundle; never raises."""
     d = Path(run_dir) / name
     if not (d / "meta.json").exists():
         return None
@@ -305,12 +304,12 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
         log.warning("report: cannot load bundle %s: %r", d, exc)
         return None
     try:
-        ov, ov_from = instrumentation_overhead(run_dir, name)
+        ov, ov_from = _instrumentation_overhead(results, name)
         launches = b.launches
         commands = []
         if _present(launches, "command"):
             commands = [
-                {"launch": str(r["launch"]), "command": command_text(str(r["command"]))}
+                {"launch": str(r["launch"]), "command": _command_text(str(r["command"]))}
                 for _, r in launches.iterrows()
                 if pd.notna(r.get("command"))
             ]
@@ -318,7 +317,7 @@ def root_cause(run_dir: str | Path, name: str) -> dict[str, Any] | None:
             "config": engine_config(launches),
             "not_reported": not_reported(launches),
             "recompiles": recompilations(b),
-            "compiles_note": compile_count_note(b),
+            "compiles_note": _compile_count_note(b),
             "logs": log_findings(b.logs),
             "clamps": budget_clamps(launches),
             "instrumentation": ov,

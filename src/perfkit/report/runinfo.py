@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -29,8 +29,8 @@ from perfkit.investigations import registry
 log = logging.getLogger(__name__)
 
 
-GATE_TITLE = "Baseline gate"
-GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
+_GATE_TITLE = "Baseline gate"
+_GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
 #: the columns of :func:`gate_view`, as the page shows them
 GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
 #: gate rows sort failures first
@@ -39,13 +39,13 @@ GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, 
 
 def section_title(name: str) -> str:
     """The heading of a notebook's section: the investigation's title, or the gate's."""
-    return GATE_TITLE if name == GATE else registry.get(name).title
+    return _GATE_TITLE if name == GATE else registry.get(name).title
 
 
 def section_question(name: str) -> str:
     """The one-sentence question of a notebook's section (the investigation's, or the gate's).
     Raises KeyError for a name that is neither registered nor the gate."""
-    return GATE_QUESTION if name == GATE else registry.get(name).question
+    return _GATE_QUESTION if name == GATE else registry.get(name).question
 
 
 def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
@@ -63,9 +63,8 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
-def run_info(run_dir: Path) -> dict[str, Any]:
-    """``run_dir/run.json``, or one inferred from the notebooks and verdicts of a run made by hand.
-    Raises ValueError: a run.json that is not an object with a list of notebook objects (names the file)."""
+def _run_info(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` (ValueError naming it when not a run record), or one inferred from a run made by hand."""
     p = run_dir / "run.json"
     if p.exists():
         try:
@@ -102,24 +101,6 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def run_results(
-    run_dir: Path, first: str | None = None, on_error: Callable[[Path, Exception], None] | None = None
-) -> Iterator[tuple[registry.Investigation, dict]]:
-    """(investigation, its results) for each ``run_dir/<name>/results.json``, in registry order
-    (``first`` first). One that cannot be read (OSError, ValueError) goes to ``on_error(path, exc)``
-    (default: logged) and is skipped."""
-    for s in sorted(registry.all_investigations(), key=lambda s: s.name != first):
-        p = run_dir / s.name / "results.json"
-        if not p.exists():
-            continue
-        try:
-            r = read_results(p.parent)
-        except (OSError, ValueError) as exc:
-            (on_error or _log_unreadable)(p, exc)
-            continue
-        yield s, r
-
-
 def bundle_dirs(run_dir: Path) -> list[Path]:
     """``run_dir/<investigation>`` of each investigation with a ``meta.json``, in registry order."""
     return [
@@ -127,24 +108,37 @@ def bundle_dirs(run_dir: Path) -> list[Path]:
     ]
 
 
-def _log_unreadable(p: Path, exc: Exception) -> None:
-    log.warning("report: results of %s: %r", p.parent.name, exc)
-
-
-def key_numbers(run_dir: str | Path) -> dict[str, list[registry.KeyNumber] | str]:
-    """Each investigation's key numbers from ``run_dir/<investigation>/results.json``, in registry
-    order, or the error (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
-    out: dict[str, list[registry.KeyNumber] | str] = {}
-
-    def bad(name: str, exc: Exception) -> None:
-        log.warning("report: key numbers of %s: %r", name, exc)
-        out[name] = repr(exc)
-
-    for s, r in run_results(Path(run_dir), on_error=lambda p, exc: bad(p.parent.name, exc)):
+def run_results(
+    run_dir: Path, on_error: Callable[[Path, Exception], None] | None = None
+) -> dict[str, dict | str]:
+    """Each investigation's ``run_dir/<investigation>/results.json`` in registry order, read once
+    for the page and summary.md: its dict, or the error (``repr``, logged) of one that cannot be
+    read (OSError, ValueError), after ``on_error(path, exc)`` when given (figures raises there)."""
+    out: dict[str, dict | str] = {}
+    for s in registry.all_investigations():
+        p = run_dir / s.name / "results.json"
+        if not p.exists():
+            continue
         try:
-            out[s.name] = list(s.key_numbers(r))
+            out[s.name] = read_results(p.parent)
+        except (OSError, ValueError) as exc:
+            if on_error is not None:
+                on_error(p, exc)
+            log.warning("report: results of %s: %r", s.name, exc)
+            out[s.name] = repr(exc)
+    return out
+
+
+def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.KeyNumber] | str]:
+    """Each investigation's key numbers from its :func:`run_results` entry, or the error
+    (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
+    out: dict[str, list[registry.KeyNumber] | str] = {}
+    for name, r in results.items():
+        try:
+            out[name] = r if isinstance(r, str) else list(registry.get(name).key_numbers(r))
         except Exception as exc:  # noqa: BLE001 - the report is written in every case
-            bad(s.name, exc)
+            log.warning("report: key numbers of %s: %r", name, exc)
+            out[name] = repr(exc)
     return out
 
 
@@ -204,7 +198,7 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
+def _measured_elsewhere(results: Mapping[str, dict | str], name: str) -> str | None:
     """The title of the investigation whose results hold ``name``'s (its ``found_in``), or None."""
     try:
         s = registry.get(name)
@@ -212,16 +206,18 @@ def _measured_elsewhere(run_dir: Path, name: str) -> str | None:
         return None
     if s.found_in is None:
         return None
-    for other, r in run_results(run_dir):
-        if other.name != name and s.found_in(r):
-            return other.title
+    for other, r in results.items():
+        if other != name and isinstance(r, dict) and s.found_in(r):
+            return registry.get(other).title
     return None
 
 
-def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def investigations(
+    run_dir: str | Path, nbs: list[dict[str, Any]], results: Mapping[str, dict | str]
+) -> list[dict[str, Any]]:
     """One entry per notebook: ``name``, ``title``, ``ran`` (:func:`status_text`),
     ``gate``/``gate_text`` (:func:`gate_result`), ``note`` (where another investigation measured
-    a skipped one, else None), ``wall_s``, ``error``."""
+    a skipped one, per ``results``, :func:`run_results`; else None), ``wall_s``, ``error``."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:
@@ -232,7 +228,7 @@ def investigations(run_dir: str | Path, nbs: list[dict[str, Any]]) -> list[dict[
             title = name
         gate, text = gate_result(run_dir, n)
         note = None
-        if gate == "not run" and (where := _measured_elsewhere(run_dir, name)):
+        if gate == "not run" and (where := _measured_elsewhere(results, name)):
             note = f"not run on its own; measured inside {where}: see its root-cause panel"
         out.append(
             {
@@ -272,17 +268,12 @@ def run_warnings(run_dir: Path) -> list[str]:
 
 def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
     """(run.json info, verdict rows, exit code, status word) of a run directory."""
-    info = run_info(run_dir)
+    info = _run_info(run_dir)
     verdicts = collect_verdicts(run_dir)
     code = info.get("exit_code")
     if code is None:
         code = exit_code_for(info.get("notebooks", []), verdicts)
     return info, verdicts, code, status_word(code, verdicts)
-
-
-def plural(n: int, word: str, plural: str | None = None) -> str:
-    """``"1 row"``, ``"3 rows"``, ``"0 rows"``."""
-    return f"{n} {word if n == 1 else (plural or word + 's')}"
 
 
 def _part_id(part: Mapping[str, Any]) -> str:
@@ -401,7 +392,7 @@ def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
                     "OOM-kill record": r.get("oom_record") or "–",
                 }
             )
-    for n in run_info(run_dir).get("notebooks", []):
+    for n in _run_info(run_dir).get("notebooks", []):
         fl = n.get("in_flight") or {}
         for e in n.get("outlived") or []:
             label = str(e.get("label") or "")

@@ -32,7 +32,7 @@ MISSING = "–"
 
 #: ``transpose="auto"`` turns a table with more columns than this (and fewer rows than
 #: columns) on its side
-WIDE_COLUMNS = 8
+_WIDE_COLUMNS = 8
 
 #: column-name suffix -> unit shown in the header
 _UNIT_WORDS = {"ms": "ms", "s": "s", "mib": "MiB", "gib": "GiB", "mb": "MiB", "gb": "GiB", "pct": "%"}
@@ -111,8 +111,8 @@ class Table:
 
     @property
     def wide(self) -> bool:
-        """More than :data:`WIDE_COLUMNS` columns (the page wraps its cells tighter)."""
-        return len(self.header) > WIDE_COLUMNS
+        """More than :data:`_WIDE_COLUMNS` columns (the page wraps its cells tighter)."""
+        return len(self.header) > _WIDE_COLUMNS
 
 
 def format_table(
@@ -133,7 +133,7 @@ def format_table(
     names = [str(c) for c in df.columns]
     idx = names.index(status_col) if status_col is not None and status_col in names else None
     if transpose == "auto":
-        transpose = df.shape[1] > WIDE_COLUMNS and 0 < df.shape[0] < df.shape[1]
+        transpose = df.shape[1] > _WIDE_COLUMNS and 0 < df.shape[0] < df.shape[1]
     if transpose and header:
         t_header = [header[0], *(r[0] for r in rows)]
         t_rows = [[header[j], *(r[j] for r in rows)] for j in range(1, len(header))]
@@ -269,9 +269,9 @@ def use_in_notebook() -> bool:
 
 
 #: request roles (:func:`perfkit.roles.request_roles`', the cold one split by its shape's warmup)
-COLD_NEW_SHAPE = "cold, new shape"
+_COLD_NEW_SHAPE = "cold, new shape"
 #: the roles of a request that ran its shape first in its launch
-FIRST_OF_SHAPE = (ROLE_COLD, COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
+_FIRST_OF_SHAPE = (ROLE_COLD, _COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
 
 def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | str = "auto") -> None:
@@ -319,7 +319,7 @@ def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) 
     # each row's roles by position (request_id: the row number), ROLE_WARM where none came back
     roles = plot_roles(df.assign(request_id=df.index), launches).set_index("request_id").reindex(df.index)
     cold_new = (roles["role"] == ROLE_COLD) & roles["new_shape"].fillna(False).astype(bool)
-    df["role"] = roles["role"].fillna(ROLE_WARM).mask(cold_new, COLD_NEW_SHAPE).tolist()
+    df["role"] = roles["role"].fillna(ROLE_WARM).mask(cold_new, _COLD_NEW_SHAPE).tolist()
     df["shape"] = [_shape_text(r) for _, r in df.iterrows()]
     df["request"] = [
         f"{r['launch']} " + ("warmup" if r["role"] == ROLE_WARMUP else f"#{_int(r['index'])} {r['role']}")
@@ -375,7 +375,7 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
     ok = df[df.get("status", "completed").astype("string").fillna("completed") == "completed"]
     out = []
     for i, r in ok.iterrows():
-        if r["role"] not in FIRST_OF_SHAPE:
+        if r["role"] not in _FIRST_OF_SHAPE:
             continue
         warm = ok[(ok["launch"] == r["launch"]) & (ok["role"] == ROLE_WARM)]
         warm = warm[warm["shape"] == r["shape"]]  # the roles' shape: one rule for both
@@ -438,14 +438,10 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
     return " ".join(lines)
 
 
-def check_frame(
-    rows: Iterable[Check | Mapping[str, Any]], metrics: Iterable[str] | None = None, with_case: bool = False
-) -> pd.DataFrame:
-    """The check rows (of ``metrics`` when given): metric, limit (the bound with any noise margin,
-    else the limit), measured, status, reason; ``case`` first with ``with_case``."""
+def check_frame(rows: Iterable[Check | Mapping[str, Any]], with_case: bool = False) -> pd.DataFrame:
+    """The check rows: metric, limit (the bound with any noise margin, else the limit), measured,
+    status, reason; ``case`` first with ``with_case``."""
     df = check_table(list(rows))
-    if metrics is not None:
-        df = df[df["metric"].isin(list(metrics))]
     df = df.assign(
         limit=pd.to_numeric(df["bound"], errors="coerce").fillna(
             pd.to_numeric(df["expected"], errors="coerce")
@@ -493,18 +489,17 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def value_text(v: Any) -> str:
-    """A params value in plain words, never a Python repr:
-    ``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``."""
+def _value_text(v: Any) -> str:
+    """A params value in plain words: ``[{'label': 'x', 'device_gib': 12}]`` -> ``[x (device_gib 12)]``."""
     if isinstance(v, Mapping):
         items = {k: x for k, x in v.items() if x is not None}
         label = items.pop("label", None)
-        inner = ", ".join(f"{k} {value_text(x)}" for k, x in items.items())
+        inner = ", ".join(f"{k} {_value_text(x)}" for k, x in items.items())
         if label is not None:
             return f"{label}" + (f" ({inner})" if inner else "")
         return inner or "{}"
     if isinstance(v, (list, tuple)):
-        return "[" + "; ".join(value_text(x) for x in v) + "]"
+        return "[" + "; ".join(_value_text(x) for x in v) + "]"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, (int, float)):
@@ -528,8 +523,8 @@ def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[st
         want, had = _plain(value), _plain(_comparable(value, rec[key]))
         if want != had:
             diffs.append(
-                f"{md_text(key, code=True)}: given {md_text(value_text(want))}, "
-                f"measured with {md_text(value_text(_plain(rec[key])))}"
+                f"{md_text(key, code=True)}: given {md_text(_value_text(want))}, "
+                f"measured with {md_text(_value_text(_plain(rec[key])))}"
             )
     if diffs:
         lines.append(

@@ -1,6 +1,6 @@
 """The memory timeline: device and host memory (MiB) over time since the engine's launch, with the
 launch's phases shaded, each request's span and role, compile events and stage starts
-(:func:`memory_timeline`; :class:`Timeline`, what every part draws against)."""
+(:func:`memory_timeline`)."""
 
 from __future__ import annotations
 
@@ -31,10 +31,8 @@ from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, requ
 
 
 @dataclass
-class Timeline:
-    """What every part of one memory timeline draws against: the samples, the time origin
-    (epoch s), the launch's phases, the axes (device first when drawn) and the legend entries
-    that are no series (phases, request roles, compiles, stage marks)."""
+class _Timeline:
+    """What every part of one memory timeline draws against."""
 
     mem: pd.DataFrame
     names: dict[Any, str]
@@ -48,7 +46,7 @@ class Timeline:
         return "start" in self.phases
 
 
-def draw_phases(tl: Timeline, t: pd.Series) -> None:
+def _draw_phases(tl: _Timeline, t: pd.Series) -> None:
     """Shade and label the launch's model load and startup warmup on every panel."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
@@ -84,9 +82,8 @@ def draw_phases(tl: Timeline, t: pd.Series) -> None:
         )
 
 
-def draw_requests(tl: Timeline, req: pd.DataFrame, launches: pd.DataFrame | None, t: pd.Series) -> int:
-    """Shade each request's span coloured by role (:func:`perfkit.roles.request_roles`) and mark
-    its compiles; returns how many requests are drawn besides the warmup phase."""
+def _draw_requests(tl: _Timeline, req: pd.DataFrame, launches: pd.DataFrame | None, t: pd.Series) -> int:
+    """Shade each request's span by role and mark its compiles; returns how many are drawn."""
     roles = request_roles(req, launches)
     role_of = {r["request_id"]: r for _, r in roles.iterrows()} if "request_id" in req.columns else {}
     # the startup warmup request is the warmup phase when the phases are drawn (its
@@ -104,7 +101,7 @@ def draw_requests(tl: Timeline, req: pd.DataFrame, launches: pd.DataFrame | None
     return n_req
 
 
-def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_span: float) -> None:
+def _draw_request(tl: _Timeline, r: Mapping[str, Any], role: str, short: str, x_span: float) -> None:
     """One request's span, role and compile marks (no span for the warmup when phases are drawn)."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
     from matplotlib.patches import Patch
@@ -162,7 +159,7 @@ def _draw_request(tl: Timeline, r: Mapping[str, Any], role: str, short: str, x_s
     )
 
 
-def draw_stage_marks(tl: Timeline, stages: pd.DataFrame) -> None:
+def _draw_stage_marks(tl: _Timeline, stages: pd.DataFrame) -> None:
     """A dotted line at each stage start, coloured by stage class, on every panel."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
 
@@ -241,7 +238,7 @@ def memory_timeline(
     fig = new_figure(10.0, 6.8 if has_device else 4.4)
     axes = list(fig.subplots(2, 1, sharex=True)) if has_device else [fig.add_subplot()]
     axes[0].tick_params(labelbottom=True)  # the device panel keeps its time ticks
-    tl = Timeline(mem, names, _time_zero(phases, t, requests, stages), phases, axes)
+    tl = _Timeline(mem, names, _time_zero(phases, t, requests, stages), phases, axes)
     default_title = _default_title(names, launch, one_launch)
     if has_device:
         _draw_device(tl, device_name, title or default_title, caps.get("device_cap_gib"), one_launch)
@@ -251,11 +248,11 @@ def memory_timeline(
         title or default_title.replace("device and host", "host; no device samples"),
     )
     if tl.from_launch:
-        draw_phases(tl, t)
+        _draw_phases(tl, t)
     if requests is not None and not requests.empty and {"t_start_s", "t_end_s"} <= set(requests.columns):
-        few = draw_requests(tl, requests, launches, t) <= 4
+        few = _draw_requests(tl, requests, launches, t) <= 4
         if few and stages is not None and not stages.empty and {"stage", "t_start_s"} <= set(stages.columns):
-            draw_stage_marks(tl, stages)
+            _draw_stage_marks(tl, stages)
     _finish_axes(tl)
     return fig
 
@@ -289,7 +286,7 @@ def _default_title(names: Mapping[Any, str], launch: Any, one_launch: Mapping[st
     return "Memory timeline" + (f" · {name}" if name else "") + " (device and host, from launch)"
 
 
-def _series(tl: Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
+def _series(tl: _Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
     """One line of ``col`` (MiB) per launch on ``ax``; whether any was drawn."""
     mem_launches = launches_of(tl.mem) if not tl.mem.empty else [None]
     multi = len(mem_launches) > 1
@@ -313,7 +310,7 @@ def _series(tl: Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
 
 
 def _draw_device(
-    tl: Timeline, device_name: str | None, title: str, cap_gib: Any, one_launch: Mapping[str, Any] | None
+    tl: _Timeline, device_name: str | None, title: str, cap_gib: Any, one_launch: Mapping[str, Any] | None
 ) -> None:
     """The device panel: device used, its cap and the load and warmup peaks the engine recorded."""
     ax_dev = tl.axes[0]
@@ -348,7 +345,7 @@ def _draw_device(
             )
 
 
-def _draw_host(tl: Timeline, cap_gib: Any, title: str) -> None:
+def _draw_host(tl: _Timeline, cap_gib: Any, title: str) -> None:
     """The host panel: PSS, cgroup memory.current, RSS, anonymous memory and the host cap."""
     ax_host = tl.axes[-1]
     host_drew = _series(tl, ax_host, "host_pss_mib", "host PSS (process tree)")
@@ -364,8 +361,8 @@ def _draw_host(tl: Timeline, cap_gib: Any, title: str) -> None:
             empty_note(ax_host, "no memory samples")
 
 
-def _finish_axes(tl: Timeline) -> None:
-    """Legends (the first also lists :attr:`Timeline.handles`), y from 0, x from the launch."""
+def _finish_axes(tl: _Timeline) -> None:
+    """Legends (the first also lists :attr:`_Timeline.handles`), y from 0, x from the launch."""
     for i, ax in enumerate(tl.axes):
         h, _ = ax.get_legend_handles_labels()
         extra = list(tl.handles.values()) if i == 0 else []
