@@ -190,12 +190,18 @@ def resolve_baseline_file(file: str | Path) -> Path:
     return p
 
 
-def run_hardware(run_dir: str | Path) -> str:
+def run_hardware(
+    run_dir: str | Path,
+    baseline: Mapping[str, Any] | None = None,
+    bundles: Mapping[str, ResultBundle] | None = None,
+) -> str:
     """The hardware label of a finished run: its baseline.json's ``metadata.hardware``, else the
-    params' ``baseline.hardware``, else what its bundles say (GPU name, CPU count)."""
+    params' ``baseline.hardware``, else what its bundles say (GPU name, CPU count). ``baseline``,
+    ``bundles``: the run's baseline.json and :func:`load_run_bundles`, when already read."""
     run_dir = Path(run_dir)
     try:
-        hw = (bl.load_baseline(run_dir / "baseline.json").get("metadata") or {}).get("hardware")
+        doc = baseline if baseline is not None else bl.load_baseline(run_dir / "baseline.json")
+        hw = (doc.get("metadata") or {}).get("hardware")
         if hw:
             return str(hw)
     except (OSError, bl.BaselineError):
@@ -206,7 +212,7 @@ def run_hardware(run_dir: str | Path) -> str:
             return str(hw)
     except (OSError, ValueError, AttributeError):
         pass
-    return bundles_hardware(load_run_bundles(run_dir))
+    return bundles_hardware(bundles if bundles is not None else load_run_bundles(run_dir))
 
 
 def _run_params(run_dir: Path) -> dict[str, Any]:

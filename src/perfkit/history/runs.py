@@ -106,6 +106,7 @@ def read_suite_run(
     if not cases:
         raise HistoryError(f"{bfile}: scenarios: no case")
     bundles = load_run_bundles(run_dir)
+    hardware = hardware or run_hardware(run_dir, doc, bundles)  # the run's own bundles, not a replay's
     values = [v for c, e in cases.items() for v in case_values(c, e, str(bfile))]
     prov: dict[str, Any] = {"baseline_metadata": doc.get("metadata") or {}}
     when: datetime | None = None
@@ -132,7 +133,7 @@ def read_suite_run(
     return HistoryRun(
         source="suite",
         run_id=f"{run_dir.name}@{when.isoformat()}",
-        hardware=hardware or run_hardware(run_dir),
+        hardware=hardware,
         commit=_commit(bundles, commit, run_dir),
         time=when,
         values=values,

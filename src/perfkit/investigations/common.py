@@ -46,14 +46,22 @@ def first_vs_warm(
     if not stages.empty:
         ids = ok["request_id"]
         first = stages[stages["request_id"] == ids.iloc[0]].groupby("stage", sort=False)["ms"].sum()
-        warm = stages[stages["request_id"].isin(ids.iloc[1:])].groupby(["request_id", "stage"], sort=False)
-        warm_med = warm["ms"].sum().groupby("stage").median() if len(warm) else pd.Series(dtype=float)
+        warm_med = warm_stage_medians(stages, ids.iloc[1:])
         pen = {st: float(first[st] - warm_med.get(st, NAN)) for st in first.index}
     finite = {k: v for k, v in pen.items() if not math.isnan(v)}
     e2e = ok["e2e_ms"].to_numpy(float)
     stage = max(finite, key=finite.get, default=None)
     pen = {k: json_float(v) for k, v in pen.items()}
     return float(e2e[0]), e2e[1:], float(np.median(e2e[1:])), pen, stage
+
+
+def warm_stage_medians(stages: pd.DataFrame, warm_ids: Iterable[str]) -> pd.Series:
+    """Stage -> the median over the requests ``warm_ids`` of each one's ms in it (summed where
+    a stage repeats), in the order the stages ran; empty without stage rows."""
+    if stages.empty:
+        return pd.Series(dtype=float)
+    warm = stages[stages["request_id"].isin(list(warm_ids))]
+    return warm.groupby(["request_id", "stage"], sort=False)["ms"].sum().groupby("stage", sort=False).median()
 
 
 def reuse_or_launch(

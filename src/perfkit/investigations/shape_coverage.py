@@ -17,7 +17,7 @@ from perfkit.checks import is_reported, number, reported_any, reported_count, re
 from perfkit.common.frames import latent_frames
 from perfkit.common.numfmt import json_float
 from perfkit.engine.handle import WarmupShape, parse_warmup_shapes
-from perfkit.investigations.common import first_vs_warm
+from perfkit.investigations.common import first_vs_warm, warm_stage_medians
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import PerfRecord, parse_lines
 
@@ -124,7 +124,10 @@ def coverage_entry(
             "penalty_stage": penalty_stage,
             "penalty_by_stage_ms": pen,
             "warm_ms": [json_float(v) for v in warm],
-            "warm_stage_median_ms": _warm_stage_medians(stages, list(ok["request_id"].iloc[1:])),
+            "warm_stage_median_ms": {
+                str(k): json_float(v)
+                for k, v in warm_stage_medians(stages, ok["request_id"].iloc[1:]).items()
+            },
         }
     )
     # the launch's records as measure_launch parsed them (a reused launch: its kept lines)
@@ -133,14 +136,6 @@ def coverage_entry(
     if ranks:
         entry["ranks"] = ranks
     return entry
-
-
-def _warm_stage_medians(stages: pd.DataFrame, warm_ids: list[str]) -> dict[str, float | None]:
-    """Stage -> median ms over the warm requests ``warm_ids``."""
-    if stages.empty or not warm_ids:
-        return {}
-    w = stages[stages["request_id"].isin(warm_ids)]
-    return {str(k): json_float(v) for k, v in w.groupby("stage", sort=False)["ms"].median().items()}
 
 
 def _rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[str, Any]]:

@@ -425,15 +425,13 @@ def oom_record(
     so an older record of a reused pid is not it. Never raises: an unreadable source is named."""
     read: list[str] = []
     if cgroup_path is not None:
-        ev = Path(cgroup_path) / "memory.events"
         try:
-            counts = dict(ln.split() for ln in ev.read_text().splitlines() if len(ln.split()) == 2)
-            n = int(counts.get("oom_kill", "0"))
+            n = DEFAULT.cgroup_events(cgroup_path).get("oom_kill", 0)
             if n > 0:
                 return f"cgroup {cgroup_path}: memory.events oom_kill {n}"
-            read.append(f"{ev}: oom_kill 0")
-        except (OSError, ValueError) as exc:
-            read.append(f"{ev} not readable: {type(exc).__name__}")
+            read.append(f"{Path(cgroup_path) / 'memory.events'}: oom_kill 0")
+        except MemoryReadError as exc:  # names the file and what was wrong
+            read.append(str(exc))
     want = {str(p) for p in pids}
     try:
         lines = kernel_log_lines(kmsg, since=since)

@@ -48,6 +48,8 @@ STEP_COLUMNS = ["step", "name", "ts_us", "dur_ms", "warmup_step", "tail"]
 OP_COLUMNS = ["op", "count", "total_ms", "mean_ms", "share"]
 #: columns of :func:`op_diff`
 DIFF_COLUMNS = ["op", "count_a", "count_b", "ms_a", "ms_b", "delta_ms", "delta_share"]
+#: (pid, tid) -> its top-level ``cpu_op`` and ``user_annotation`` ops' (start, end), µs
+_Tops = dict[tuple[Any, Any], list[tuple[float, float]]]
 
 
 #: the longest event a trace may hold (µs: one day); a longer ``dur`` is a corrupted file
@@ -176,15 +178,23 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
     range inside a trailing ProfilerStep), ``top``: no other op encloses it. Kernels take stage
     and step from their launch (same ``correlation``), ``top`` True."""
     evs = _complete(trace)
-    names = stage_names(trace, stages)
+    return _op_events(evs, stage_names(trace, stages), stages)[0]
+
+
+def _op_events(
+    evs: list[dict[str, Any]], names: dict[str, str], stages: Sequence[str] | None
+) -> tuple[pd.DataFrame, _Tops]:
+    """:func:`op_events`' frame of ``evs`` (stage ranges named by ``names``) and its top-level
+    CPU ops per thread, the op time of :func:`overhead_table`."""
     denoising = _denoising_name(names, stages)
     # sglang's layout: ProfilerStep#k is step k; the older one's ProfilerSteps are not steps
     old = any(e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name", ""))) for e in evs)
     step_re = STEP_RANGE if old else PROFILER_STEP
     rows: list[tuple[Any, ...]] = []
     launch_of: dict[Any, tuple[str, int, bool]] = {}
+    tops: _Tops = {}
     cats = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
-    for (_, tid), events in _threads(evs, cats).items():
+    for (pid, tid), events in _threads(evs, cats).items():
         stack: list[tuple[float, dict[str, Any]]] = []  # (end, event)
         for e in events:
             ts, dur = float(e["ts"]), float(e["dur"])
@@ -212,6 +222,8 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
                     launch_of[corr] = (stage, step, warm)
             elif not _structural(name):  # a row of EVENT_COLUMNS
                 rows.append((name, cat, tid, ts, dur / 1000.0, stage, step, warm, not inside_op))
+                if not inside_op and cat in ("cpu_op", "user_annotation"):
+                    tops.setdefault((pid, tid), []).append((ts, ts + dur))
             stack.append((ts + dur, e))
     for e in evs:
         if e.get("cat") != "kernel":
@@ -219,7 +231,7 @@ def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.
         stage, step, warm = launch_of.get((e.get("args") or {}).get("correlation"), ("(none)", -1, False))
         row = (str(e.get("name", "")), "kernel", e.get("tid"), float(e["ts"]), float(e["dur"]) / 1000.0)
         rows.append((*row, stage, step, warm, True))
-    return pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    return pd.DataFrame(rows, columns=EVENT_COLUMNS), tops
 
 
 def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = False) -> pd.DataFrame:
@@ -323,11 +335,24 @@ def overhead_table(
     given (:func:`rank_of`), else NaN. Empty when the trace has no stage or step range.
     """
     evs = _complete(trace)
+    names = stage_names(trace, stages)
+    return _overhead(trace, evs, names, _op_events(evs, names, stages)[1], rank, stages)
+
+
+def _overhead(
+    trace: dict[str, Any],
+    evs: list[dict[str, Any]],
+    names: dict[str, str],
+    tops: _Tops,
+    rank: int | None,
+    stages: Sequence[str] | None,
+) -> pd.DataFrame:
+    """:func:`overhead_table` of ``trace`` from its complete events, stage names and top-level
+    ops (:func:`_op_events`)."""
 
     def iv(e: dict[str, Any]) -> tuple[float, float]:
         return float(e["ts"]), float(e["ts"]) + float(e["dur"])
 
-    names = stage_names(trace, stages)
     denoising = _denoising_name(names, stages)
     windows: dict[str, list[tuple[float, float]]] = {}
     thread: dict[str, tuple[Any, Any]] = {}
@@ -348,17 +373,6 @@ def overhead_table(
         thread[denoising] = (first.get("pid"), first.get("tid"))
     if not windows:
         return pd.DataFrame(columns=OVERHEAD_COLUMNS)
-    # top-level ops per thread (the same nesting rule as op_events)
-    tops: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
-    for key, events in _threads(evs, ("cpu_op", "user_annotation")).items():
-        end_of_top = -math.inf
-        for e in events:
-            if _structural(str(e.get("name", ""))):
-                continue
-            a, b = iv(e)
-            if a >= end_of_top:  # ops nest: one starting before the last top-level op ends is inside it
-                tops.setdefault(key, []).append((a, b))
-                end_of_top = b
     device = [iv(e) for e in evs if e.get("cat") in DEVICE_CATS]
     launches = [iv(e) for e in evs if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     rows = []
@@ -421,7 +435,10 @@ def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
         doc = load_trace(path)
     except TraceError as exc:
         return TraceTables(None, None, str(exc))
-    return TraceTables(op_events(doc, stages), overhead_table(doc, rank_of(Path(path).name), stages))
+    evs = _complete(doc)
+    names = stage_names(doc, stages)
+    events, tops = _op_events(evs, names, stages)
+    return TraceTables(events, _overhead(doc, evs, names, tops, rank_of(Path(path).name), stages))
 
 
 def _cores() -> int:
