@@ -281,7 +281,8 @@ def test_history_changes_cut_by_its_reader_is_141_not_a_verdict(tmp_path: Path):
 
 def test_history_check_summary_stays_under_githubs_limit_with_a_huge_error(tmp_path: Path):
     """Found by a breaker: a 100 KB error text was copied whole into summary.md."""
-    from perfkit.history.check import SUMMARY_LIMIT, summary_markdown
+    from perfkit.common import SUMMARY_LIMIT
+    from perfkit.history.check import summary_markdown
 
     add_runs(tmp_path, [run(i, 100.0) for i in range(6)])
     frame = read_store(tmp_path)

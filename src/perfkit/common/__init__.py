@@ -10,6 +10,9 @@ import importlib.util
 #: ``SGLANG_DIFFUSION_STAGE_LOGGING=1`` appends one JSON object a request to ``DIR/performance.log``;
 #: the reference engine writes it, :mod:`perfkit.readings.records` reads it)
 PERF_LOG_NAME = "performance.log"
+#: what a summary.md is fitted into (characters): GitHub's 65,536-character comment limit less room
+#: for a caller's header or footer; rows past it are left out, counted
+SUMMARY_LIMIT = 60_000
 #: extra name -> the top-level modules it brings (pyproject.toml's optional-dependencies)
 EXTRAS = {"history": ("otava", "duckdb"), "ray": ("ray",), "lab": ("jupyterlab",)}
 

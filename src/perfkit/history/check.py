@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfkit.common import SUMMARY_LIMIT
 from perfkit.common.numfmt import number_text
 from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import EXIT_ERROR, EXIT_OK, EXIT_REGRESSION
@@ -148,11 +149,6 @@ def check_runs(
 
 def _n(x: float | None) -> str:
     return "–" if x is None else number_text(x)
-
-
-#: summary.md's length bound (characters): below GitHub's 65,536 for a PR comment, with room for
-#: a caller's header; rows past it are left out, counted
-SUMMARY_LIMIT = 60_000
 
 
 def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: int = SUMMARY_LIMIT) -> str:

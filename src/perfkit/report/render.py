@@ -20,6 +20,7 @@ import markupsafe
 import pandas as pd
 
 from perfkit.bundle import ResultBundle
+from perfkit.common import SUMMARY_LIMIT
 from perfkit.common.provenance import repo_root
 from perfkit.common.slugs import clip, md_text
 from perfkit.engine.owner import run_bounded
@@ -387,9 +388,6 @@ def write_tool_outputs(
     return {"summary": out / "summary.md", "report": out / "report.html"}
 
 
-#: what summary.md is fitted into: GitHub's 65,536-character comment limit less room for a
-#: caller's header or footer
-SUMMARY_LIMIT = 60_000
 #: a table cell's text is wrapped (``<br>``) at about this many characters
 _WRAP_AT = 60
 
