@@ -183,6 +183,7 @@ def main() -> None:
     ap.add_argument("--request-s", type=float, default=0.05)
     ap.add_argument("--pid-file", default=None)
     ap.add_argument("--exit-code", type=int, default=3)
+    ap.add_argument("--exit-signal", type=int, default=0, help="exit mode: kill itself with this signal")
     ap.add_argument("--load-s", type=float, default=0.3)
     ap.add_argument("--warmup-s", type=float, default=0.2)
     ap.add_argument("--alloc-mib", type=int, default=600)
@@ -242,6 +243,8 @@ def main() -> None:
                 fh.write(f"{pid} {psutil.Process(pid).create_time()!r}\n")
     if a.mode == "exit":
         print("loading model... failed: out of luck", file=sys.stderr, flush=True)
+        if a.exit_signal:
+            os.kill(os.getpid(), a.exit_signal)
         sys.exit(a.exit_code)
     hold: list = []
     if a.mode == "alloc" and a.alloc_when == "start":

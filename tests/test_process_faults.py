@@ -516,6 +516,41 @@ def test_a_capped_launch_lost_to_an_outside_sigkill_is_an_error(tmp_path):
     mb.check_bundle(b)
 
 
+def test_a_capped_engine_lost_before_it_was_ready_is_an_error_and_a_cap_kill_a_verdict(tmp_path):
+    """Found by the breaker: memory_budget's engine SIGKILLed from outside before it was ready
+    read as "did not complete, held" and PASS (the start failure's launch row said nothing of
+    how the engine ended). Now it carries the signal: the bundle check raises; a host cap that
+    ends the engine during start is the cap's verdict (not held), no error."""
+    import fake_engine
+    from perfkit.engine.caps import MemoryCaps
+    from perfkit.engine.spec import EngineSpec
+    from perfkit.investigations import memory_budget as mb
+    from perfkit.investigations.registry import InvestigationError
+
+    def spec(*args):
+        return EngineSpec(kind="command", command_template=fake_engine.command(*args), startup_timeout_s=20)
+
+    lost = mb.memory_budget(
+        spec("--mode", "exit", "--exit-signal", "9"),
+        caps=[MemoryCaps(host_gib=8)],
+        repeats=1,
+        run_dir=tmp_path / "a",
+    )
+    assert lost.launches.loc[0, "end_signal"] == 9 and lost.launches.loc[0, "end_by_perfkit"] == False  # noqa: E712
+    with pytest.raises(InvestigationError, match=r"launch cap0 \(8GiB host\) lost its engine") as exc:
+        mb.check_bundle(lost)
+    assert "was killed by signal 9 (SIGKILL, not sent by perfkit)" in str(exc.value)
+    capped = mb.memory_budget(
+        spec("--mode", "alloc", "--alloc-when", "start"),
+        caps=[MemoryCaps(host_gib=0.25, host_enforcement="watchdog")],
+        repeats=1,
+        run_dir=tmp_path / "b",
+    )
+    c = capped.results["caps"][0]
+    assert not c["completed"] and c["cap_held"] is False, c
+    mb.check_bundle(capped)  # the cap's verdict: a check, not an error
+
+
 @pytest.mark.slow
 def test_suite_with_a_capped_engine_sigkilled_from_outside_exits_2(tmp_path):
     """The breaker's run: ci-cpu's memory_budget (its 8GiB-host budget alone, cap0), the

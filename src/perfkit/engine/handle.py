@@ -43,6 +43,8 @@ class EngineStartError(RuntimeError):
         log_tail: the last lines of its stdout+stderr.
         cap_outcome: the host cap outcome (None without a launch).
         run_dir: the launch directory holding the logs (None: not made yet).
+        end: how the engine ended (:attr:`EngineHandle.end`: ``how``, ``signal``, ``by_perfkit``,
+            ``oom``), set once it was torn down; None before a launch.
     """
 
     message: str
@@ -50,6 +52,7 @@ class EngineStartError(RuntimeError):
     log_tail: str = ""
     cap_outcome: CapOutcome | None = None
     run_dir: Path | None = None
+    end: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

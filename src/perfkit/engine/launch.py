@@ -164,14 +164,21 @@ def launch(
         _create_time=create_time,
     )
     _LIVE[proc.pid] = handle
+    start_error = None
     try:
         handle._enforcer = (caps or MemoryCaps()).start(proc.pid, name=label)
-        _wait_ready(handle, spec.startup_timeout_s, clock)
+        try:
+            _wait_ready(handle, spec.startup_timeout_s, clock)
+        except EngineStartError as exc:
+            start_error = exc
+            raise
         log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"], handle.base_url)
         yield handle
     finally:
         handle._terminate(spec.stop_grace_s)
         log.info("engine %s stopped (exit code %s)", label, handle.exit_code)
+        if start_error is not None:  # how it ended, read by the teardown (a signal, its OOM record)
+            start_error.end = handle.end
 
 
 def _port(spec: EngineSpec) -> int:

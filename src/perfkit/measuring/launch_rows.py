@@ -233,6 +233,7 @@ def measure_launch(
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     h = None
     start_dir: Path | None = None
+    start_end: dict[str, Any] = {}  # how an engine that never became ready ended
     failed: int | None = None  # the request that ended the launch
     launching(label)  # the seconds before the first request: say what they wait for
     try:
@@ -283,6 +284,15 @@ def measure_launch(
         data.error = str(exc)
         log.error("launch %s failed: %s", label, exc)
         start_dir = exc.run_dir  # None: it failed before its directory was made
+        end = exc.end or {}  # an engine lost before ready is told apart from one its cap ended
+        start_end = {
+            "exit_code": exc.exit_code,
+            "ended": end.get("how"),
+            "end_signal": end.get("signal"),
+            "end_by_perfkit": end.get("by_perfkit"),
+            "oom_record": end.get("oom"),
+            "cap_exceeded": bool(exc.cap_outcome and exc.cap_outcome.exceeded),
+        }
     finally:
         d = Path(h.run_dir) if h is not None else start_dir
         if d is not None:
@@ -300,6 +310,7 @@ def measure_launch(
             "device_cap_gib": caps.device_gib if caps else None,
             "host_cap_gib": caps.host_gib if caps else None,
             "error": data.error,
+            **start_end,
         }
     if data.error is None and data.outcomes and all(o.status == "rejected" for o in data.outcomes):
         o = data.outcomes[0]  # the engine refuses this request: no later launch would measure it
