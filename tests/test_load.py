@@ -219,6 +219,22 @@ def test_replay_from_the_bundle_gives_the_same_tables_and_verdict(measured):
     L.check_bundle(again)
 
 
+def test_a_failed_requests_count_that_is_no_count_is_named_not_shown(measured):
+    """Found by the breaker: ``failed_requests: 1e308`` in results.json showed "-1000…297 of 39"
+    under "requests completed". A value that is no count of 0..requests is not shown and the
+    bundle check names the key."""
+    n = measured.results["requests"]
+    for bad in (1e308, 10**400, -1, "3", n + 1, True):
+        b = ResultBundle.load(measured.path)
+        b.results["failed_requests"] = bad
+        shown = {k.label: k.value for k in L.key_numbers(b.results)}
+        assert shown["requests completed"] is None, (bad, shown["requests completed"])
+        with pytest.raises(InvestigationError, match=r"results\.failed_requests: .* is not a count of 0\.\."):
+            L.check_bundle(b)
+    good = {k.label: k.value for k in L.key_numbers(measured.results)}
+    assert good["requests completed"] == f"{n - measured.results['failed_requests']} of {n}"
+
+
 # ------------------------------------------------------------------------------ no engine needed
 def test_a_mixed_trace_against_a_25_frame_warmup_leaves_the_17_frame_shape_uncovered():
     def row(f, ms, latent):

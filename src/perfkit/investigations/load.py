@@ -225,11 +225,19 @@ def not_completed(r: Mapping[str, Any]) -> list[str]:
 
 
 def _failed(r: Mapping[str, Any]) -> int | None:
-    """Requests not completed (bundles before ``failed_requests``: counted from ``per_request``)."""
+    """Requests not completed (bundles before ``failed_requests``: counted from ``per_request``);
+    None for a value that is no count of the run's requests (:func:`check_bundle` names it)."""
     if r.get("failed_requests") is not None:
-        return int(r["failed_requests"])
+        return None if _bad_count(r) else int(r["failed_requests"])
     rows = r.get("per_request") or []
     return sum(1 for x in rows if x.get("status") != "completed") if rows else None
+
+
+def _bad_count(r: Mapping[str, Any]) -> str | None:
+    """Why ``failed_requests`` is not a count of 0..requests (None: it is, or it is absent)."""
+    v, n = r.get("failed_requests"), r.get("requests") or len(r.get("per_request") or [])
+    ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= n
+    return None if v is None or ok else f"results.failed_requests: {v!r} is not a count of 0..{n} requests"
 
 
 def check_bundle(bundle: ResultBundle) -> None:
@@ -239,6 +247,8 @@ def check_bundle(bundle: ResultBundle) -> None:
     check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
     if r.get("error"):
         raise registry.bundle_error(bundle, r["error"])
+    if why := _bad_count(r):
+        raise registry.bundle_error(bundle, why)
     if not any(x.get("status") == "completed" for x in r.get("per_request") or []):
         raise registry.bundle_error(bundle, "nothing measured: no request completed")
 
