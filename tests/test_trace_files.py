@@ -66,6 +66,20 @@ def test_a_hostile_trace_is_refused_naming_the_file_and_event(tmp_path, text, wh
     assert "x-global-rank0.trace.json" in tr.read_one(p).error
 
 
+def test_a_gzip_that_expands_past_the_bound_is_refused_before_parsing(tmp_path, monkeypatch):
+    """Found by the breaker: valid JSON padded with 2 GB of spaces (8.7 MB of gzip) was read
+    whole (4 GB of memory). Reading stops at the bound; the refusal names the file."""
+    import gzip
+
+    monkeypatch.setattr(tr, "MAX_TRACE_BYTES", 2**20)
+    p = tmp_path / "x-global-rank0.trace.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (2 * 2**20) + b"]}"))
+    with pytest.raises(TraceError, match=rf"^{re.escape(str(p))}: over 1 MiB of JSON \(uncompressed\)"):
+        load_trace(p)
+    p.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (2**19) + b"]}"))  # below it: read
+    assert load_trace(p)["traceEvents"] == []
+
+
 # -- real sglang 0.5.23 traces (tests/fixtures/sglang/0.5.23/sana-video/README.md) ----------------
 SANA = ROOT / "tests/fixtures/sglang/0.5.23/sana-video"
 FULL = SANA / "b06968f7-ad51-4834-8bb7-b28dad06c9b8-full_stages-global-rank0.trace.json.gz"

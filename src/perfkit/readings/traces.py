@@ -60,16 +60,29 @@ class TraceError(ValueError):
     """A trace file that cannot be read (the message names the file and what was wrong)."""
 
 
+#: the most JSON one trace file may hold, uncompressed (bytes): read no further, refused before
+#: parsing (the committed traces hold up to 37 MB; a gzip of spaces must not fill the memory)
+MAX_TRACE_BYTES = 512 * 2**20
+
+
 def load_trace(path: str | Path) -> dict[str, Any]:
     """The trace's JSON object (``traceEvents`` and torch's metadata). Raises TraceError: missing
-    file, not gzip/JSON (or nested too deeply), no ``traceEvents`` list, or a complete event
-    :func:`_check_event` refuses (naming the file, the event's index and name, and the key)."""
+    file, not gzip/JSON (or nested too deeply), over :data:`MAX_TRACE_BYTES` uncompressed, no
+    ``traceEvents`` list, or a complete event :func:`_check_event` refuses (naming the file, the
+    event's index and name, and the key)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+        with open(p, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+            fh.seek(0)
+            raw = (gzip.GzipFile(fileobj=fh) if gz else fh).read(MAX_TRACE_BYTES + 1)
+        if len(raw) > MAX_TRACE_BYTES:
+            raise TraceError(
+                f"{p}: over {MAX_TRACE_BYTES // 2**20} MiB of JSON (uncompressed): refused before parsing"
+            )
         doc = json.loads(raw)
+    except TraceError:
+        raise
     except (OSError, EOFError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
