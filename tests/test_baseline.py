@@ -406,6 +406,18 @@ def test_from_bundle_keeps_worst():
     assert e["estimated_full_test_time_s"] == pytest.approx(63.9)
 
 
+def test_from_bundle_without_e2e_takes_the_clients_time_and_says_so(caplog):
+    """Found by the breaker: with requests.e2e_ms null the entry's expected_e2e_ms came from
+    client_ms with no word. The value is the client's worst, and a warning names the column."""
+    b = synthetic_bundle()
+    b.tables["requests"]["e2e_ms"] = float("nan")
+    with caplog.at_level("WARNING", logger="perfkit.gate.baseline.derive"):
+        e = bl.from_bundle(b, "c")
+    client = b.measured_requests()["client_ms"].max()
+    assert e["expected_e2e_ms"] == pytest.approx(client, abs=0.01)
+    assert "requests.e2e_ms not reported for case 'c'" in caplog.text and "client_ms" in caplog.text
+
+
 def test_from_bundle_step_fractions_and_launch_filter():
     b = synthetic_bundle()
     e = bl.from_bundle(b, "c", step_fractions=[0.0, 1.0])

@@ -90,9 +90,15 @@ def from_bundle(
         (stage_ms.get(k, {}), step_ms.get(k, []), json_float(e), {}) for k, e in zip(req_keys, req["e2e_ms"])
     )
     entry = _worst_entry(rows, fractions)
-    if entry["expected_e2e_ms"] is None:  # no e2e_ms: the client's view
+    if entry["expected_e2e_ms"] is None:  # no e2e_ms: the client's view, said
         e2e = _max(req["client_ms"])
         entry["expected_e2e_ms"] = None if e2e is None else round(e2e, MS_DECIMALS)
+        log.warning(
+            "%s: requests.e2e_ms not reported for case %r: expected_e2e_ms is the client's client_ms (%s)",
+            bundle.path or bundle.investigation,
+            case_id,
+            entry["expected_e2e_ms"],
+        )
     lt = _launch_values(bundle, req, keys, launch, entry)
     # per launch its ready time plus the span of its measured requests (their e2e sum without times)
     total_s, ready = 0.0, {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
