@@ -159,6 +159,9 @@ def test_missing_params_file_is_named(tmp_path):
         proc = quick(*cmd)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert f"params file not found: {missing}" in proc.stderr, proc.stderr
+        # a path that exists but is no regular file is not called missing (found by the breaker)
+        proc = quick(*[("/dev/null" if a == str(missing) else a) for a in cmd])
+        assert proc.returncode == 2 and "params file is not a regular file: /dev/null" in proc.stderr, proc.stderr
 
 
 def test_engine_options_all_have_help():

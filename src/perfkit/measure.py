@@ -23,7 +23,7 @@ from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.investigations import registry
 from perfkit.investigations.registry import RunContext
 from perfkit.measuring.progress import RunBars, planned_requests
-from perfkit.params import SuiteParams, load_params
+from perfkit.params import SuiteParams, load_params, not_a_file
 from perfkit.readings.sampler import pss_enabled
 
 log = logging.getLogger("perfkit.measure")
@@ -171,7 +171,7 @@ def measure_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if not Path(params_file).is_file():
-        click.echo(f"error: params file not found: {params_file}", err=True)
+        click.echo(f"error: params file {not_a_file(params_file)}: {params_file}", err=True)
         sys.exit(2)
     try:
         params = load_params(params_file, sets)

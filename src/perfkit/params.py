@@ -457,6 +457,15 @@ def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def not_a_file(path: str | Path) -> str:
+    """Why ``path`` is no regular file, as the end of "params file ...": "not found", "is a
+    directory, not a file" or "is not a regular file" (a device, a FIFO)."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a directory, not a file"
+    return "is not a regular file" if p.exists() else "not found"
+
+
 def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
     """Read and validate a params YAML file with ``sets`` (``--set``) applied over it
     (:func:`apply_sets`). Raises :class:`ParamsError` naming the key (and the line, or
@@ -487,7 +496,7 @@ def load_side(
     Raises :class:`ParamsError` naming the file: missing, unreadable, not YAML, not a mapping, invalid."""
     p = Path(path)
     if not p.is_file():
-        raise ParamsError(f"{'is a directory, not a file' if p.is_dir() else 'not found'}: {path}")
+        raise ParamsError(f"{not_a_file(p)}: {path}")
     try:
         text = p.read_text(encoding="utf-8")
         if checkout is not None:

@@ -30,8 +30,9 @@ def file_option(*decls: str, kind: str, help: str, **kw: Any) -> Callable[[Calla
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None and not Path(value).is_file():
-            what = "is a directory, not a file" if Path(value).is_dir() else "not found"
-            raise click.BadParameter(f"{kind} {what}: {value}")
+            from perfkit.params import not_a_file
+
+            raise click.BadParameter(f"{kind} {not_a_file(value)}: {value}")
         return value
 
     return click.option(*decls, callback=check, help=help, **kw)
