@@ -151,7 +151,7 @@ def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteP
     """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
     request shape than ``params`` describe (:func:`perfkit.bundle.identity_differences`): its
     numbers would be filed under another engine's case ids. Bundles recording none are logged."""
-    problems = []
+    problems, engine, request = [], params.engine_dict(), params.request.model_dump()
     for name in names:
         if not (replay_dir / name / "meta.json").exists():
             continue
@@ -161,8 +161,7 @@ def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteP
                 "--replay %s: the %s bundle records no engine spec or request: not checked", replay_dir, name
             )
             continue
-        diffs = identity_differences(recorded, params.engine_dict(), params.request.model_dump())
-        if diffs:
+        if diffs := identity_differences(recorded, engine, request):
             problems.append(f"the {name} bundle: {'; '.join(diffs)}")
     if problems:
         raise SuiteError(
