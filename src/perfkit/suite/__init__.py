@@ -93,12 +93,12 @@ def run_suite(
     ``executor`` (``perfkit suite --executor NAME``): every unit of work through that executor
     (one shard of one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``; an unknown
     or missing one (``ray`` without ``perfkit[ray]``) raises ExecutorError before anything runs;
-    with ``replay`` too, ValueError.
+    with ``replay`` too, :class:`SuiteError`.
     """
     from perfkit import report
 
     if executor is not None and replay:
-        raise ValueError("--executor measures; it cannot be combined with --replay")
+        raise SuiteError("--executor measures; it cannot be combined with --replay")
     params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
     if executor is not None:
