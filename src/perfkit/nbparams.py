@@ -146,8 +146,7 @@ def section_params(name: str) -> list[NotebookParam]:
 
 @functools.cache
 def _field_comment(model: type[BaseModel], key: str) -> str:
-    """The ``#:`` comment above a field in its class source (joined into one line); read once a
-    field (:func:`bind` declares a notebook's parameters four times)."""
+    """The ``#:`` comment above a field in its class source (one line); cached: bind declares 4 times."""
     for cls in model.__mro__:
         try:
             src = inspect.getsource(cls)
