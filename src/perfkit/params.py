@@ -471,8 +471,8 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
     (:func:`apply_sets`). Raises :class:`ParamsError` naming the key (and the line, or
     ``--set``), FileNotFoundError."""
     p = Path(path)
-    if p.stat().st_size > MAX_YAML_BYTES:  # before reading it
-        raise ParamsError(f"{p}: {p.stat().st_size:,} bytes, over the limit of {MAX_YAML_BYTES:,}")
+    if (size := p.stat().st_size) > MAX_YAML_BYTES:  # before reading it
+        raise ParamsError(f"{p}: {size:,} bytes, over the limit of {MAX_YAML_BYTES:,}")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -333,11 +333,12 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
     live |= {"replay": kw["replay"], "threshold_from": kw["threshold_from"]}
     res = ab_command.run_or_replay(a, b, out, decision, gate, kw["undecided"], **live)
     paths = write_ab_outputs(res, out)
+    summary = paths["summary"].read_text()
     if not kw["quiet"]:
-        print(paths["summary"].read_text())
+        print(summary)
         print(f"report: {paths['report']}")
     if res.exit_code == 2:  # say why on stderr too, -q or not
-        why = ab_command.error_reasons(paths["summary"].read_text())
+        why = ab_command.error_reasons(summary)
         print(f"perfkit ab: error: {'; '.join(why) or 'see ' + str(paths['summary'])}", file=sys.stderr)
     if res.undecided:  # the launches it would need, on stderr too, -q or not
         print(f"perfkit ab: {ab_command.undecided_message(res)}", file=sys.stderr)

@@ -41,12 +41,13 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     except (OSError, ValueError) as exc:
         return fail(str(exc))
     df = check_table(rows)
+    none = nothing_compared(df)
     for w in warnings:
-        fail(f"{'error' if nothing_compared(df) else 'warning'}: {w}")
+        fail(f"{'error' if none else 'warning'}: {w}")
     shown = df.astype(object).where(df.notna(), "–")  # not measured: "–", never 0
     print(markdown_table(shown, checks=True) + "\n")
     status = overall_status(df)
-    if nothing_compared(df) or status == "skipped":
+    if none or status == "skipped":
         print(f"compare: ERROR: nothing compared (no case of {run} is in {baseline})")
         return EXIT_ERROR
     compared = any(r.status in ("pass", "fail", "improved") and r.metric != "metrics compared" for r in rows)

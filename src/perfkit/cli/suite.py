@@ -62,8 +62,6 @@ def _suite(kw: dict[str, Any]) -> int:
         return _partition(kw, options)
     common = {k: kw[k] for k in ("only", "tier", "notebooks", "force", "sets", "executor")}
     common.update(screenshot=not kw["no_screenshot"], progress=not kw["quiet"])
-    if kw["executor"] is not None and kw["replay"]:
-        return fail("--executor measures; it cannot be combined with --replay")
     try:
         res = run_suite(kw["params"], kw["out"], replay=kw["replay"], executor_options=options, **common)
     except ParamsError as exc:

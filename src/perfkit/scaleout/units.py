@@ -190,8 +190,8 @@ def plan_units(
     unknown = wanted - set(registry.names())
     if unknown:
         raise KeyError(f"unknown investigation(s) {sorted(unknown)}; known: {', '.join(registry.names())}")
-    engine_d, request_d = params.engine_dict(), params.request.model_dump()
-    engine, request = params.engine_spec(), VideoRequestSpec.from_dict(request_d)
+    engine, request_d = params.engine_spec(), params.request.model_dump()
+    engine_d, request = engine.to_dict(), VideoRequestSpec.from_dict(request_d)
     namer = case_namer(engine_d, request_d)
     gpus = _gpus(engine)
     units: list[WorkUnit] = []

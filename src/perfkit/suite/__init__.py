@@ -93,12 +93,12 @@ def run_suite(
     ``executor`` (``perfkit suite --executor NAME``): every unit of work through that executor
     (one shard of one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``; an unknown
     or missing one (``ray`` without ``perfkit[ray]``) raises ExecutorError before anything runs;
-    with ``replay`` too, ValueError.
+    with ``replay`` too, :class:`SuiteError`.
     """
     from perfkit import report
 
     if executor is not None and replay:
-        raise ValueError("--executor measures; it cannot be combined with --replay")
+        raise SuiteError("--executor measures; it cannot be combined with --replay")
     params = load_params(params_path, sets)
     check_baseline_file(params, params_path)
     if executor is not None:
@@ -219,7 +219,7 @@ def _run_notebooks(
                 dst,
                 notebook_parameters(name, params, run_dir, replay_dir),
                 bars,
-                run_plan(params, [name])[1] if replay_dir is None else 0,
+                planned[name][1],
                 grace_s=spec.stop_grace_s,
                 in_flight_error=True,
                 cwd=run_dir,
@@ -235,8 +235,9 @@ def _run_notebooks(
     # the bars write to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
     bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
     it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
-    planned = run_plan(params, [n for n in names if n != GATE]) if replay_dir is None else (0, 0)
-    bars = RunBars(bar_file, *planned, enabled=progress)
+    # (launches, requests) of each notebook: a replay launches nothing, nor does the gate
+    planned = {n: run_plan(params, [n]) if replay_dir is None else (0, 0) for n in names}
+    bars = RunBars(bar_file, *(sum(p[i] for p in planned.values()) for i in (0, 1)), enabled=progress)
     # if this process is killed outright, the reaper ends what its kernels started
     (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     reaper = spawn_reaper(run_dir / "notebooks", spec.stop_grace_s) if replay_dir is None else None

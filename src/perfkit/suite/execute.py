@@ -151,7 +151,7 @@ def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteP
     """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
     request shape than ``params`` describe (:func:`perfkit.bundle.identity_differences`): its
     numbers would be filed under another engine's case ids. Bundles recording none are logged."""
-    problems = []
+    problems, engine, request = [], params.engine_dict(), params.request.model_dump()
     for name in names:
         if not (replay_dir / name / "meta.json").exists():
             continue
@@ -161,8 +161,7 @@ def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteP
                 "--replay %s: the %s bundle records no engine spec or request: not checked", replay_dir, name
             )
             continue
-        diffs = identity_differences(recorded, params.engine_dict(), params.request.model_dump())
-        if diffs:
+        if diffs := identity_differences(recorded, engine, request):
             problems.append(f"the {name} bundle: {'; '.join(diffs)}")
     if problems:
         raise SuiteError(
@@ -282,17 +281,18 @@ def ipc_kernel_manager():
 
 
 @contextlib.contextmanager
-def _env(key: str, value: str):
-    """Set ``os.environ[key]`` for the block (kernels started meanwhile inherit it)."""
-    old = os.environ.get(key)
-    os.environ[key] = value
+def _env(values: Mapping[str, str]):
+    """Set ``os.environ`` to ``values`` for the block (kernels started meanwhile inherit them)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -335,12 +335,13 @@ def execute_owned(
     dst.parent.mkdir(parents=True, exist_ok=True)
     run = NotebookRun(name=src.stem, output=str(dst), parameters=jsonable(dict(parameters)))
     pfile, registry_file = dst.with_suffix(".progress.jsonl"), dst.with_suffix(".processes.jsonl")
+    env = {REGISTRY_ENV: str(registry_file), PROGRESS_ENV: str(pfile)}
     watch = Watch.start(registry_file)
     try:
-        with bars.watch(pfile, src.stem, planned), _env(REGISTRY_ENV, str(registry_file)):
+        with bars.watch(pfile, src.stem, planned):
             t0 = time.monotonic()
             try:
-                with _stderr_to(dst.with_suffix(".kernel.log")), _env(PROGRESS_ENV, str(pfile)):
+                with _stderr_to(dst.with_suffix(".kernel.log")), _env(env):
                     pm.execute_notebook(
                         str(src),
                         str(dst),
