@@ -161,7 +161,9 @@ def test_missing_params_file_is_named(tmp_path):
         assert f"params file not found: {missing}" in proc.stderr, proc.stderr
         # a path that exists but is no regular file is not called missing (found by the breaker)
         proc = quick(*[("/dev/null" if a == str(missing) else a) for a in cmd])
-        assert proc.returncode == 2 and "params file is not a regular file: /dev/null" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and "params file is not a regular file: /dev/null" in proc.stderr, (
+            proc.stderr
+        )
 
 
 def test_engine_options_all_have_help():
