@@ -38,6 +38,19 @@ def file_option(*decls: str, kind: str, help: str, **kw: Any) -> Callable[[Calla
     return click.option(*decls, callback=check, help=help, **kw)
 
 
+def choice(decls: str, choices: list[str], help: str, default: Any = None) -> Callable[[Callable], Callable]:
+    """A click option (``decls`` space-separated) taking one of ``choices``; a default is shown."""
+    shown = default is not None
+    return click.option(
+        *decls.split(), type=click.Choice(choices), default=default, show_default=shown, help=help
+    )
+
+
+def ranged(decls: str, type: Any, default: Any, help: str) -> Callable[[Callable], Callable]:
+    """A click option (``decls`` space-separated) of ``type`` whose ``default`` --help shows."""
+    return click.option(*decls.split(), type=type, default=default, show_default=True, help=help)
+
+
 def print_result(res: Any, command: str) -> int:
     """Print a suite result (each notebook's gate result, the status, where the report is);
     return its exit code."""

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import click
 
-from perfkit.cli._common import done
+from perfkit.cli._common import choice, done, ranged
 from perfkit.common.exitcodes import EXIT_ERROR
 
 
@@ -44,28 +44,19 @@ def decision_options(launches: int, max_launches: int, warm: int, replay: bool) 
             help="launches run a side at most (slow-spell replacements count); until then pairs are added"
             f" until every gated metric is decided (default {max_launches}{rec})",
         ),
-        click.option(
+        choice(
             "--slow-spells",
-            type=click.Choice(["replace", "keep"]),
-            default=None,
-            help="a launch whose median ran in a host slow spell: left out and replaced by another launch of its"
+            ["replace", "keep"],
+            "a launch whose median ran in a host slow spell: left out and replaced by another launch of its"
             " side (replace, default unless --paired; it counts against --max-launches) or kept",
         ),
-        click.option(
+        choice(
             "--spending",
-            type=click.Choice(["pocock", "obrien-fleming"]),
-            default=None,
-            help="alpha spending over the looks (default pocock: decides early; obrien-fleming: keeps most for"
+            ["pocock", "obrien-fleming"],
+            "alpha spending over the looks (default pocock: decides early; obrien-fleming: keeps most for"
             " the last look)",
         ),
-        click.option(
-            "-m",
-            "--warm",
-            type=click.IntRange(1, 1000),
-            default=warm,
-            show_default=True,
-            help="warm requests a launch, after the cold request",
-        ),
+        ranged("-m --warm", click.IntRange(1, 1000), warm, "warm requests a launch, after the cold request"),
         click.option(
             "--threshold",
             default=None,
@@ -116,13 +107,12 @@ _SIDES = [
     click.option("--b", "b", default=None, metavar="FILE", help="side B: as --a (A again: A/A)"),
 ]
 _AB_ONLY = [
-    click.option(
+    choice(
         "--undecided",
-        type=click.Choice(["fail", "pass"]),
-        default="fail",
-        show_default=True,
-        help="a gated metric still inconclusive at --max-launches: exit 1 (fail) or exit 0 (pass, said in"
+        ["fail", "pass"],
+        "a gated metric still inconclusive at --max-launches: exit 1 (fail) or exit 0 (pass, said in"
         " the summary)",
+        default="fail",
     ),
     click.option(
         "--out",
@@ -165,20 +155,18 @@ _AB_ONLY = [
         help="after the measured launches, an extra launch a side profiles a cold and a warm request"
         " (sglang's profile fields); the report diffs A's and B's ops (not part of any metric)",
     ),
-    click.option(
+    ranged(
         "--profile-steps",
-        type=int,
-        default=5,
-        show_default=True,
-        help="with --profile: denoising steps recorded after one warm-up step (sglang's"
+        int,
+        5,
+        "with --profile: denoising steps recorded after one warm-up step (sglang's"
         " num_profiled_timesteps; -1 all)",
     ),
-    click.option(
+    ranged(
         "--profile-warm",
-        type=click.IntRange(1, 9),
-        default=3,
-        show_default=True,
-        help="with --profile: warm requests profiled a side (the diff takes each op's median over them)",
+        click.IntRange(1, 9),
+        3,
+        "with --profile: warm requests profiled a side (the diff takes each op's median over them)",
     ),
     click.option(
         "--profile-all-stages",
@@ -200,9 +188,7 @@ def ab_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _PROBE_OPTIONS = [
-    click.option(
-        "--repo", default=".", show_default=True, help="the engine's git repository (never checked out)"
-    ),
+    ranged("--repo", None, ".", "the engine's git repository (never checked out)"),
     click.option(
         "--spec",
         required=True,
@@ -216,13 +202,12 @@ _PROBE_OPTIONS = [
         help="Python overlay: checkout/DIR first on PYTHONPATH",
     ),
     click.option("--build", default=None, metavar="CMD", help="shell command run in each checkout first"),
-    click.option(
+    ranged(
         "--build-timeout",
-        type=click.FloatRange(min=1),
-        default=3600,
-        show_default=True,
-        help="seconds a --build may run; longer is that probe's error",
-    ),  # fmt: skip
+        click.FloatRange(min=1),
+        3600,
+        "seconds a --build may run; longer is that probe's error",
+    ),
 ]
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import click
 
-from perfkit.cli._common import COMMIT_URL, EXIT_CODES, STORE, done, fail
+from perfkit.cli._common import COMMIT_URL, EXIT_CODES, STORE, done, fail, ranged
 from perfkit.cli.ab import probe_options, probe_run
 
 
@@ -107,20 +107,13 @@ def history_import(path: str, store: str, hardware: str | None, baselines: str |
 @click.option("--hardware", default=None, help="hardware label (needed for a nightly comparison file)")
 @click.option("--commit", default=None, help="commit measured (default: the bundles' git_commit)")
 @COMMIT_URL
-@click.option(
+@ranged(
     "--confirm",
-    type=click.IntRange(1, 5),
-    default=2,
-    show_default=True,
-    help="runs in a row above the level that make a regression (the first only warns; 1: alarm at once)",
+    click.IntRange(1, 5),
+    2,
+    "runs in a row above the level that make a regression (the first only warns; 1: alarm at once)",
 )
-@click.option(
-    "--min-step",
-    type=click.FloatRange(0, 1),
-    default=0.05,
-    show_default=True,
-    help="smallest step judged (fraction)",
-)
+@ranged("--min-step", click.FloatRange(0, 1), 0.05, "smallest step judged (fraction)")
 @click.option("-q", "--quiet", is_flag=True, help="do not print summary.md")
 def history_check(
     run: str, store: str, out: str | None, quiet: bool, confirm: int, min_step: float, **kw: Any

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, fail, file_option, print_result
+from perfkit.cli._common import EXIT_CODES, choice, done, fail, file_option, print_result
 from perfkit.common.exitcodes import EXIT_ERROR, EXIT_OK
 from perfkit.investigations import registry
 from perfkit.measure import investigations
@@ -115,11 +115,8 @@ class _SuiteCommand(click.Command):
     help="override one params key (value read as YAML; validated like the file, errors name the "
     "key), e.g. --set load.enabled=true; repeatable",
 )
-@click.option(
-    "--tier",
-    type=click.Choice(["per-commit", "extra"]),
-    default=None,
-    help="run only the investigations of this tier (params: <section>.tier)",
+@choice(
+    "--tier", ["per-commit", "extra"], "run only the investigations of this tier (params: <section>.tier)"
 )
 @click.option(
     "--partition",
@@ -128,11 +125,10 @@ class _SuiteCommand(click.Command):
     help="run shard I of N (1-based) of the units of work: bundles and OUT/shard.json only, "
     "no notebooks; join the shards with perfkit merge",
 )
-@click.option(
+@choice(
     "--executor",
-    type=click.Choice(["inprocess", "ray"]),
-    default=None,
-    help="run the units of work through this executor, then replay them into the report "
+    ["inprocess", "ray"],
+    "run the units of work through this executor, then replay them into the report "
     "(default: the notebooks measure, in process)",
 )
 @click.option("--address", default=None, help="Ray cluster address (--executor ray; e.g. auto)")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from perfkit.cli._common import EXIT_CODES, done, fail
+from perfkit.cli._common import EXIT_CODES, choice, done, fail
 from perfkit.common.exitcodes import EXIT_OK
 
 _ERRORS = (RuntimeError, FileNotFoundError, OSError, ValueError)
@@ -23,13 +23,12 @@ def wheelhouse_group() -> None:
 @click.option("--have", default=None, help="the host's `pip list --format=freeze` (names it already has)")
 @click.option("--python-version", default="3.12", show_default=True, help="the host's Python")
 @click.option("--platform", multiple=True, help="pip platform tag (repeatable; default manylinux x86_64)")
-@click.option(
+@choice(
     "--profile",
-    type=click.Choice(["full", "measure", "ray", "measure+ray"]),
-    default="full",
-    show_default=True,
-    help="full: everything perfkit needs; measure: engine + investigations only; ray: Ray (slimmed: "
+    ["full", "measure", "ray", "measure+ray"],
+    "full: everything perfkit needs; measure: engine + investigations only; ray: Ray (slimmed: "
     "Ray Core: no Java worker, dashboard web UI or AI libraries) and its missing requirements",
+    default="full",
 )
 def wheelhouse_download_command(**kw: Any) -> None:
     """Download wheels of what a host lacks, for its Python."""
