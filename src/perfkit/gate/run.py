@@ -1,10 +1,6 @@
-"""The run's gate: this run's numbers in sglang's baseline layout, compared with a baseline of
-the same hardware, plus the within-run checks each investigation's notebook wrote and the rows
-for what each launch's engine really ran (:func:`engine_checks`). Launches nothing: reads the
-bundles and verdicts a run directory holds. Also what ``perfkit compare --run`` names, read into
-baseline cases (:func:`compare_cases`: a run directory, a bundle directory, a performance.log or
-an sglang perf dump JSON).
-"""
+"""The run's gate (:func:`gate`): this run's numbers in sglang's baseline layout against a
+baseline, the investigations' checks and what each launch's engine ran; launches nothing. Also
+what ``perfkit compare --run`` names, read into baseline cases (:func:`compare_cases`)."""
 
 from __future__ import annotations
 
@@ -38,12 +34,8 @@ def case_id(
     num_frames: int | None = None,
     suffix: str = "",
 ) -> str:
-    """Case id saying preset, shape and startup warmup: ``tiny_25f_64x64_4s_w17``; then
-    ``_2stage`` for the two-stage pipeline and ``_<N>gpu`` for an engine over N > 1 GPUs
-    (``ltx-2b_24f_512x768_30s_w25_2stage_2gpu``), so one baseline file can hold both sides.
-
-    ``suffix`` distinguishes investigations measuring the same shape (``_shapes``, ``_cap-24GiBdev``).
-    """
+    """Case id saying preset, shape and startup warmup, then ``_2stage``, ``_<N>gpu`` (N > 1) and
+    ``suffix``: ``ltx-2b_24f_512x768_30s_w25_2stage_2gpu``."""
     preset = engine.get("preset") or engine.get("kind") or "engine"
     if engine.get("kind") == "sglang":
         preset = Path(str(engine.get("model_path") or "sglang")).name
@@ -62,15 +54,14 @@ def case_id(
 
 
 def case_namer(engine: Mapping[str, Any], request: Mapping[str, Any]):
-    """``case_id`` bound to this run's engine and request (what investigations' ``cases`` receive)."""
+    """``case_id`` bound to this run's engine and request."""
     return functools.partial(case_id, engine, request)
 
 
 def bundle_cases(
     bundles: Mapping[str, ResultBundle], engine: Mapping[str, Any], request: Mapping[str, Any]
 ) -> dict[str, ResultBundle]:
-    """Case id -> (sub-)bundle for this run's baseline.json: each investigation's ``cases`` (see
-    :attr:`perfkit.investigations.registry.Investigation.cases`), in run order."""
+    """Case id -> (sub-)bundle for this run's baseline.json, from each investigation's ``cases``."""
     namer = case_namer(engine, request)
     cases: dict[str, ResultBundle] = {}
     for s in registry.all_investigations():
@@ -83,10 +74,8 @@ def bundle_cases(
 def investigation_checks(
     investigation: str, results: Mapping[str, Any], invariants: Mapping[str, Any] | None = None
 ) -> list[Check]:
-    """Check rows of one investigation against the invariants it declares: the registry's defaults
-    overlaid with ``invariants`` (:func:`perfkit.investigations.registry.merged_invariants`: a key
-    given replaces its default, None turns it off, the others stay gated). Raises ValueError for
-    an unknown invariant key."""
+    """Check rows of one investigation against its invariants (the registry's defaults overlaid
+    with ``invariants``, None turning one off). Raises ValueError for an unknown invariant key."""
     inv = registry.merged_invariants(invariants)
     return registry.checks_for({investigation: dict(results)}, inv, only=investigation)
 
@@ -100,9 +89,8 @@ def load_run_bundles(run_dir: str | Path) -> dict[str, ResultBundle]:
 def investigation_rows(
     run_dir: Path, bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any] | None
 ) -> list[Check]:
-    """Each investigation's check rows as its notebook judged them: its ``RUN/<name>/verdict.json``
-    (its ``invariants`` and replay applied there). One that wrote no readable verdict is judged
-    here (:func:`investigation_checks` on its bundle; skipped rows without one)."""
+    """Each investigation's check rows from its verdict.json; one without a readable verdict is
+    judged here on its bundle (:func:`investigation_checks`)."""
     rows: list[Check] = []
     for s in registry.names():
         doc = read_verdict(run_dir / s)
@@ -122,7 +110,6 @@ class GateResult:
     baseline_rows: list[Check]
     compared_with: str | None
     errors: list[str] = field(default_factory=list)
-    #: e.g. the baseline's hardware differs from this run's (printed, not gated)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -141,19 +128,11 @@ def gate(
     hardware: str | None = None,
     invariants: Mapping[str, Any] | None = None,
 ) -> GateResult:
-    """The baseline gate. Launches nothing: reads the bundles under ``run_dir``.
-
-    Writes ``run_dir/baseline.json`` (this run's numbers, sglang layout, one case per
-    :func:`bundle_cases`), compares them with ``baseline_file`` when given (``profile``,
-    ``strict``), takes each investigation's rows from its verdict (:func:`investigation_rows`),
-    and checks what each launch's engine really ran (:func:`engine_checks`,
-    ``invariants`` merged over the defaults).
-    """
+    """The baseline gate: writes ``run_dir/baseline.json`` (this run's cases), compares them with
+    ``baseline_file`` when given; rows from the investigations' verdicts and :func:`engine_checks`."""
     run_dir = Path(run_dir)
     bundles = load_run_bundles(run_dir)
-    errors: list[str] = []
-    if not bundles:
-        errors.append(f"no bundles under {run_dir}")
+    errors = [] if bundles else [f"no bundles under {run_dir}"]
     cases = bundle_cases(bundles, engine, request)
     hw = hardware or bundles_hardware(bundles)
     doc = bl.baseline_from_bundles(cases, hardware=hw)
@@ -182,8 +161,7 @@ def gate(
 
 
 def resolve_baseline_file(file: str | Path) -> Path:
-    """A params ``baseline.file``: as given when it exists (absolute or relative to the current
-    directory), else relative to the perfkit checkout (:func:`repo_root`)."""
+    """A params ``baseline.file``: as given when it exists, else relative to the perfkit checkout."""
     p = Path(file)
     if not p.is_absolute() and not p.exists():
         return repo_root() / p
@@ -196,8 +174,7 @@ def run_hardware(
     bundles: Mapping[str, ResultBundle] | None = None,
 ) -> str:
     """The hardware label of a finished run: its baseline.json's ``metadata.hardware``, else the
-    params' ``baseline.hardware``, else what its bundles say (GPU name, CPU count). ``baseline``,
-    ``bundles``: the run's baseline.json and :func:`load_run_bundles`, when already read."""
+    params' ``baseline.hardware``, else its bundles' (``baseline``, ``bundles``: when already read)."""
     run_dir = Path(run_dir)
     try:
         doc = baseline if baseline is not None else bl.load_baseline(run_dir / "baseline.json")
@@ -216,7 +193,7 @@ def run_hardware(
 
 
 def _run_params(run_dir: Path) -> dict[str, Any]:
-    """A run's params.yaml ({} when absent). Raises ValueError naming the file: not YAML, not a mapping."""
+    """A run's params.yaml ({} when absent). Raises ValueError naming the file."""
     p = run_dir / "params.yaml"
     if not p.exists():
         return {}
@@ -240,8 +217,8 @@ def bundles_hardware(bundles: Mapping[str, ResultBundle]) -> str:
 
 
 def run_cases(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Case id -> case entry for a finished run: its baseline.json's, else its bundles' named
-    with its params.yaml's engine and request. Raises ValueError naming an unreadable params.yaml."""
+    """Case id -> case entry of a finished run: its baseline.json's, else its bundles'. Raises
+    ValueError naming an unreadable params.yaml."""
     run_dir = Path(run_dir)
     if (run_dir / "baseline.json").exists():
         return dict(bl.load_baseline(run_dir / "baseline.json").get("scenarios") or {})
@@ -255,16 +232,9 @@ def _text(v: Any) -> str:
 
 
 def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, Any]) -> list[Check]:
-    """Check rows (case = investigation name) for what every launch of every bundle really ran
-    (docs/suite.md, "What the gate checks"): ``compile_active[<launch>]`` (torch.compile asked
-    for but not in force fails unless ``invariants.compile_inactive_ok``) and
-    ``recompile_limit[<launch>]`` (a request that hit torch's recompile limit fails; an engine
-    that reports no flag, as sglang, gives a ``skipped`` row).
-
-    Args:
-        bundles: investigation -> its bundle.
-        invariants: the merged invariants; ``compile_inactive_ok`` (bool) is read.
-    """
+    """Check rows (case = investigation) ``compile_active[<launch>]`` and
+    ``recompile_limit[<launch>]`` for what each launch really ran (docs/suite.md, "What the gate
+    checks"); ``invariants``: the merged invariants."""
     inactive_ok = bool(invariants.get("compile_inactive_ok", False))
     rows: list[Check] = []
     for investigation, b in bundles.items():
@@ -272,7 +242,7 @@ def engine_checks(bundles: Mapping[str, ResultBundle], invariants: Mapping[str, 
         requests = b.table("requests")
         for ln in table_rows(launches):  # missing values as None
             if _text(ln.get("reused_from")):
-                continue  # judged in the bundle that measured it
+                continue
             label = _text(ln.get("launch"))
             asked, active = ln.get("compile_requested"), ln.get("compile_active")
             if asked:
@@ -338,15 +308,9 @@ def _bundle_cases(b: ResultBundle, case: str | None) -> dict[str, dict[str, Any]
 
 
 def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
-    """Case id -> case entry for what ``run`` names, and its hardware label (None: unknown).
-
-    ``case`` names the case of a bundle (default: its cases as its run's baseline.json names
-    them), a performance.log or a perf dump (default the file's stem). An empty mapping: nothing measured.
-
-    Raises:
-        OSError: ``run`` missing or unreadable.
-        ValueError: unreadable input (RecordError, BaselineError name file and key).
-    """
+    """(case id -> case entry, hardware label or None) of a run or bundle directory, a
+    performance.log or an sglang perf dump; ``case`` picks a bundle's case or names a file's (default
+    its stem); {}: nothing measured. Raises OSError (missing) or ValueError (unreadable)."""
     if run.is_dir():
         if (run / "meta.json").exists():
             b = ResultBundle.load(run)
@@ -367,7 +331,6 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
     if perfdump.is_perf_dump(doc):
         return {cid: bl.entry_from_records([perfdump.read_perf_dump(run)])}, None
     del head
-    # a performance.log: streamed, one record at a time (raw fields dropped), strict UTF-8
     recs = (
         r
         for r in records.iter_perf_log(run, strict=True, keep_raw=False, partial_last=False)
@@ -384,14 +347,9 @@ def compare_cases(run: Path, case: str | None) -> tuple[dict[str, dict[str, Any]
 def compare_run(
     run: str | Path, baseline: str | Path, case: str | None, profile: str, strict: bool
 ) -> tuple[list[Check], list[str]]:
-    """What ``run`` names (:func:`compare_cases`) against the baseline file ``baseline``:
-    (check rows, the overlap's first, :func:`perfkit.gate.baseline.check_overlap`'s warnings).
-
-    Raises:
-        OSError: a file missing or unreadable.
-        ValueError: an unreadable input or baseline, a profile the baseline lacks, nothing
-            measured in ``run`` (each message names the file).
-    """
+    """(check rows, warnings) of what ``run`` names (:func:`compare_cases`) against the file
+    ``baseline``. Raises OSError (a file missing) or ValueError naming the file (unreadable, a
+    profile it lacks, nothing measured)."""
     ref = bl.load_baseline(baseline)
     cases, hardware = compare_cases(Path(run), case)
     if not cases:
@@ -402,8 +360,7 @@ def compare_run(
 def _against(
     cases: Mapping, baseline: Any, ref: dict, hw: str | None, **how: Any
 ) -> tuple[list[Check], list[str]]:
-    """``cases`` against ``ref``, file ``baseline``'s document (``how``: compare's profile and
-    strict): (overlap rows then compare's, warnings)."""
+    """(overlap rows then :func:`~perfkit.gate.baseline.compare`'s, warnings) of ``cases`` against ``ref``."""
     try:
         rows = bl.compare(cases, ref, **how)
     except KeyError as exc:  # the profile is not in the file's tolerances: name the file

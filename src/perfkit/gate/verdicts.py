@@ -1,12 +1,7 @@
-"""Verdict files and exit codes: ``RUN/<notebook>/verdict.json`` (``{investigation, status, rows:
-[Check...], ...}``; the gate's adds ``cases``, ``compared_with``, ``warnings``) read back for the
-summary, the report and the suite's exit code. The exit codes are the leaf
-:mod:`perfkit.common.exitcodes`' (0 pass or inconclusive, 1 a check failed, 2 an error or
-nothing compared), re-exported here. A notebook's gate outcome: the word a console prints for it
-(:func:`gate_result`: ``pass``, ``fail``, ``inconclusive``, ``not gated``, ``error``,
-``skipped``), and the last cell (:func:`finish`) that raises :class:`GateFailed` so papermill
-exits 1 when the gate failed or judged nothing; see docs/lab.md and docs/suite.md.
-"""
+"""Verdict files (``RUN/<notebook>/verdict.json``) read back for the summary, the report and the
+exit code (:mod:`perfkit.common.exitcodes`' rule, re-exported); a notebook's gate word
+(:func:`gate_result`) and last cell (:func:`finish`, raising :class:`GateFailed`). See
+docs/lab.md and docs/suite.md."""
 
 from __future__ import annotations
 
@@ -28,7 +23,6 @@ from perfkit.investigations import registry
 log = logging.getLogger(__name__)
 
 
-#: the notebook that gates the run (after every investigation's notebook)
 GATE = "baseline_gate"
 VERDICT_FILE = "verdict.json"
 RUN_FILE = "run.json"
@@ -42,7 +36,7 @@ def notebooks() -> tuple[str, ...]:
 def write_verdict(
     out: str | Path, investigation: str, rows: Iterable[Check | Mapping[str, Any]], **extra: Any
 ) -> dict[str, Any]:
-    """Write ``out/verdict.json``: {investigation, status, rows, ...extra}. Returns the document."""
+    """Write and return ``out/verdict.json``: {scenario, status, rows, ...extra}."""
     df = check_table(rows)
     doc = {
         "scenario": investigation,
@@ -57,8 +51,8 @@ def write_verdict(
 
 
 def read_verdict(path: str | Path) -> dict[str, Any] | None:
-    """The verdict document at ``path`` (a verdict.json or its directory); None when absent.
-    An unreadable file is an ``error`` verdict naming the file (never a crash, never a pass)."""
+    """The verdict document at ``path`` (a verdict.json or its directory); None when absent, an
+    ``error`` verdict naming the file when unreadable."""
     p = Path(path)
     if p.is_dir():
         p = p / VERDICT_FILE
@@ -80,8 +74,7 @@ def read_verdict(path: str | Path) -> dict[str, Any] | None:
 
 
 def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
-    """All verdict rows of a run (investigations, then the gate), with a ``notebook`` column;
-    the gate's copies of the investigations' rows dropped."""
+    """All verdict rows of a run with a ``notebook`` column; the gate's copies of rows dropped."""
     frames = []
     for name in notebooks():
         doc = read_verdict(Path(run_dir) / name)
@@ -95,7 +88,7 @@ def collect_verdicts(run_dir: str | Path) -> pd.DataFrame:
     return df.drop_duplicates(subset=["case", "metric"], keep="first").reset_index(drop=True)
 
 
-#: the gate row that says a baseline compared nothing (perfkit.gate.baseline.check_overlap)
+#: the gate row (case, metric) that says a baseline compared nothing
 NOTHING_COMPARED = ("baseline", "cases compared")
 
 
@@ -112,8 +105,7 @@ def nothing_compared(verdicts: pd.DataFrame) -> bool:
 
 
 def nothing_measured_reason(verdicts: pd.DataFrame) -> str | None:
-    """Why a run compared nothing (for the summary and the console), or None when it did:
-    the baseline held no case of the run, or every check was skipped (with their reasons)."""
+    """Why a run compared nothing (no case in the baseline, every check skipped), or None."""
     if verdicts.empty or "status" not in verdicts:
         return None
     hit = _nothing_compared_rows(verdicts)
@@ -130,35 +122,30 @@ def nothing_measured_reason(verdicts: pd.DataFrame) -> str | None:
 
 
 def exit_code_for(notebooks: Iterable[Any], verdicts: pd.DataFrame) -> int:
-    """One rule for every command: 2 when a notebook errored or a baseline compared nothing
-    (misuse, not a regression), 1 when a check failed, else 0."""
+    """2 when a notebook errored, nothing was compared or every check skipped, 1 when a check
+    failed, else 0."""
     statuses = [n.get("status") if isinstance(n, Mapping) else n.status for n in notebooks]
     if nothing_compared(verdicts) or overall_status(verdicts) == "skipped" or "error" in statuses:
-        return EXIT_ERROR  # nothing compared, every check skipped, or an error: never a pass
+        return EXIT_ERROR
     if not verdicts.empty and (verdicts["status"] == "fail").any():
         return EXIT_REGRESSION
     return EXIT_OK
 
 
 def status_word(code: int, verdicts: pd.DataFrame) -> str:
-    """The run's status word: :data:`STATUS_WORD`'s, but ``inconclusive`` for exit 0 with a
-    check noise could flip (none failed; not called a pass)."""
+    """:data:`STATUS_WORD`'s word for ``code``; ``inconclusive`` for exit 0 with an inconclusive check."""
     if code == EXIT_OK and overall_status(verdicts) == "inconclusive":
         return "inconclusive"
     return STATUS_WORD.get(code, "error")
 
 
-#: values of a notebook's ``fail_on`` parameter: "gate" raises on a failed (or unjudged) gate
 FailOn = Literal["gate", "never"]
 FAIL_ON = get_args(FailOn)
-#: the exception class name papermill records (``ename``) for a gate failure
 GATE_FAILED = "GateFailed"
 
 
 class GateFailed(Exception):
-    """The notebook ran to its end and its gate failed (or judged nothing) with
-    ``fail_on="gate"``: papermill exits 1. Not an error of the notebook: every output is
-    rendered and ``verdict.json`` written before it is raised."""
+    """The notebook ran to its end and its gate failed (or judged nothing), ``fail_on="gate"``."""
 
 
 def _failed_rows(verdict: Mapping[str, Any], status: str = "fail") -> list[str]:
@@ -170,7 +157,6 @@ def _failed_rows(verdict: Mapping[str, Any], status: str = "fail") -> list[str]:
     ]
 
 
-#: the order and words of :func:`check_counts`
 _COUNT_WORDS = {
     "fail": "failed",
     "inconclusive": "inconclusive",
@@ -182,9 +168,7 @@ _COUNT_WORDS = {
 
 
 def check_counts(statuses: Iterable[Any]) -> str:
-    """The one count of a set of checks, for the page, summary.md and a notebook's last line
-    alike: ``"4 checks: 1 failed, 2 passed, 1 skipped"`` (statuses in :data:`_COUNT_WORDS`'s
-    order, only those present; another status is named as it is); ``"0 checks"`` for none."""
+    """``"4 checks: 1 failed, 2 passed, 1 skipped"`` (in :data:`_COUNT_WORDS`'s order), ``"0 checks"``."""
     seen = [str(s) for s in statuses]
     n = len(seen)
     order = [*_COUNT_WORDS, *sorted(set(seen) - set(_COUNT_WORDS))]
@@ -193,9 +177,8 @@ def check_counts(statuses: Iterable[Any]) -> str:
 
 
 def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
-    """One sentence on a verdict document (:func:`perfkit.gate.verdicts.write_verdict`'s):
-    ``"<name> gate: fail: 4 checks: 1 failed, 3 passed; failed: latency_drift (0.091 > 0.05)"``
-    (the counts of :func:`check_counts`)."""
+    """One sentence on a verdict document:
+    ``"<name> gate: fail: 4 checks: 1 failed, 3 passed; failed: latency_drift (0.091 > 0.05)"``."""
     word = gate_result("ok", verdict)
     if verdict is None:
         return f"{name} gate: not gated (no verdict written)"
@@ -218,17 +201,14 @@ def verdict_line(name: str, verdict: Mapping[str, Any] | None) -> str:
 
 def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | None = None) -> str:
     """The gate word of one notebook run: ``pass``, ``fail``, ``inconclusive``, ``not gated``,
-    ``error`` or ``skipped`` (docs/suite.md). ``status``: the run's (``ok``, ``error``,
-    ``skipped``); ``verdict``: its ``verdict.json`` or None; ``ename``: the exception its last
-    cell raised (:data:`GATE_FAILED` is a failed gate: the A/B notebook writes no verdict)."""
+    ``error`` or ``skipped`` (docs/suite.md); ``ename`` :data:`GATE_FAILED` without a verdict
+    (the A/B notebook) is ``fail``."""
     if status in ("error", "skipped"):
         return status
     if verdict is None:
         return "fail" if ename == GATE_FAILED else "not gated"
     st = verdict.get("status")
-    if st == "error":
-        return "error"
-    if st in ("fail", "inconclusive"):
+    if st in ("error", "fail", "inconclusive"):
         return st
     rows = verdict.get("rows") or []
     if st == "skipped" or all(isinstance(r, Mapping) and r.get("status") == "skipped" for r in rows):
@@ -237,31 +217,22 @@ def gate_result(status: str, verdict: Mapping[str, Any] | None, ename: str | Non
 
 
 def exit_code(word: str, verdict: Mapping[str, Any] | None) -> int:
-    """The exit code of one notebook run from its gate word (one rule for every command,
-    :mod:`perfkit.gate.verdicts`): 0 pass or inconclusive, 1 fail, 2 error; ``not gated`` is 2 when a verdict
-    judged nothing (every check skipped: never a pass) and 0 for a notebook that writes no
-    verdict (the history notebook: nothing to gate)."""
+    """The exit code of one notebook run's gate word: 0 pass or inconclusive, 1 fail, 2 error;
+    ``not gated``: 2 with a verdict, 0 without (the history notebook)."""
     if word == "not gated" and verdict is None:
         return EXIT_OK
     return {"pass": EXIT_OK, "inconclusive": EXIT_OK, "fail": EXIT_REGRESSION}.get(word, EXIT_ERROR)
 
 
 def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", where: str = "") -> str:
-    """The last cell of a gated notebook (``name``: an investigation, the baseline gate): show the
-    gate's sentence for ``verdict`` (:func:`perfkit.gate.verdicts.write_verdict`'s document;
-    ``where`` its path) and return the gate word (:func:`gate_result`); with ``fail_on="gate"``
-    raise :class:`GateFailed` when the gate failed or judged nothing (papermill then exits 1);
-    an inconclusive gate is shown, not raised.
-
-    Raises:
-        GateFailed: the gate failed, or judged nothing, and ``fail_on == "gate"``.
-        ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
-    """
+    """The last cell of a gated notebook: show the gate's sentence, return the gate word. Raises
+    :class:`GateFailed` when the gate failed or judged nothing and ``fail_on == "gate"``;
+    ValueError when ``fail_on`` is not one of :data:`FAIL_ON`."""
     _check_fail_on(fail_on)
     word = gate_result("ok", verdict)
     line = verdict_line(name, verdict)
     at = f" (verdict: {where})" if where else ""
-    _show(f"**{md_text(line)}** {md_text(at)}".rstrip())  # names, errors, the path: outside text
+    _show(f"**{md_text(line)}** {md_text(at)}".rstrip())
     if word in ("pass", "inconclusive") or fail_on == "never":
         if word not in ("pass", "inconclusive"):
             _show(f"`fail_on` is {fail_on!r}: this notebook does not fail the run.")
@@ -273,13 +244,8 @@ def finish(name: str, verdict: Mapping[str, Any] | None, fail_on: str = "gate", 
 
 
 def finish_code(name: str, code: int, text: str, fail_on: str = "gate") -> int:
-    """:func:`finish` for a notebook whose gate is an exit code (the A/B notebook: 0 pass,
-    1 regression or undecided, 2 nothing compared); ``text`` says what was decided.
-
-    Raises:
-        GateFailed: ``code`` is not 0 and ``fail_on == "gate"``.
-        ValueError: ``fail_on`` is not one of :data:`FAIL_ON`.
-    """
+    """:func:`finish` for a notebook whose gate is an exit code (the A/B notebook). Raises
+    :class:`GateFailed` when ``code`` is not 0 and ``fail_on == "gate"``; ValueError as finish."""
     _check_fail_on(fail_on)
     line = f"{name} gate: {'pass' if code == 0 else 'fail'} (exit code {code}): {text}"
     _show(f"**{line}**")

@@ -1,8 +1,5 @@
-"""Baseline JSON in sglang's ``perf_baselines`` layout (see docs/sglang.md "Interop facts"):
-files (sglang's rules: tolerances, pads, the pass bound; load, save: atomic), derive (entries from
-bundles or records; one case's entry written into a file; compare: verdict rows); what
-other modules use of them is re-exported here. Times in ms, memory in MiB.
-"""
+"""Baseline JSON in sglang's ``perf_baselines`` layout (docs/sglang.md "Interop facts"): files
+(sglang's rules, load, save), derive (entries, update, compare); the public names re-exported."""
 
 # ruff: noqa: F401 (the public API, re-exported)
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Derive sglang-layout case entries from bundles or per-request records; write one case's
-entry, derived from a bundle, into a baseline file (:func:`update_baseline`); compare a run's
-entries with a baseline by sglang's rule (:func:`compare`: verdict rows)."""
+"""sglang-layout case entries from bundles or per-request records, one written into a baseline
+file (:func:`update_baseline`); a run's entries compared with a baseline by sglang's rule
+(:func:`compare`). Rules: docs/sglang.md "Interop facts"."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from perfkit.gate.baseline.files import (
     OPTIONAL_TOLERANCES,
     PER_FRAME_METRIC,
     S_DECIMALS,
-    SCALAR_METRICS,
     TOP_LEVEL_CASE_MAPS,
     BaselineError,
     StageClassifier,
+    _flatten,
     _metric_rule,
     bound,
     classify_stage,
@@ -65,16 +65,9 @@ def from_bundle(
     step_fractions: Iterable[float] | None = None,
     launch: str | None = None,
 ) -> dict[str, Any]:
-    """Derive one case entry (sglang layout) from a bundle's tables: each value the worst
-    (largest) over the measured requests (``index != WARMUP_INDEX``, completed; of ``launch`` when
-    given), denoise steps sampled at ``step_fractions`` (default :data:`DEFAULT_STEP_FRACTIONS`);
-    ms, MiB; a key whose source columns are missing or empty is left out. The keys and their
-    sources: docs/sglang.md ("Baseline files").
-
-    Raises:
-        ValueError: when the bundle has no measured requests (for ``launch``), or a measured
-            request's stage or step ``ms`` is null (the message names the file and column).
-    """
+    """One case entry (sglang layout; ms, MiB) from a bundle: the worst value over its measured
+    requests (of ``launch`` when given); keys and sources: docs/sglang.md "Interop facts". Raises
+    ValueError: no measured request, or a null stage or step ``ms`` (naming file and column)."""
     fractions = step_fractions if step_fractions is not None else DEFAULT_STEP_FRACTIONS
     req = bundle.measured_requests(launch)
     if req.empty:
@@ -100,7 +93,6 @@ def from_bundle(
             entry["expected_e2e_ms"],
         )
     lt = _launch_values(bundle, req, keys, launch, entry)
-    # per launch its ready time plus the span of its measured requests (their e2e sum without times)
     total_s, ready = 0.0, {la: json_float(r) or 0.0 for la, r in zip(lt["launch"], lt["ready_s"])}
     launch_col = pd.Series([k[0] for k in req_keys], index=req.index, dtype=object)
     for la, grp in req.groupby(launch_col, sort=False, dropna=False):
@@ -113,13 +105,11 @@ def from_bundle(
     return {k: v for k, v in entry.items() if v is not None}
 
 
-#: the ``launches`` columns :data:`ENGINE_KEY` holds (``engine_device`` as ``device``)
 _ENGINE_COLUMNS = ("compile_active", "compile_backend", "dtype", "engine_device")
 
 
 def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
-    """What the launches in ``lt`` ran as reported (older bundles: their records or logs);
-    a field not reported, or not the same in every launch, is left out."""
+    """What the launches in ``lt`` ran, fields reported the same by all of them."""
     seen: dict[str, set[Any]] = {}
     for ln in table_rows(lt):
         cfg = {c.removeprefix("engine_"): ln.get(c) for c in _ENGINE_COLUMNS}
@@ -138,8 +128,7 @@ def _engine_ran(bundle: ResultBundle, lt: pd.DataFrame) -> dict[str, Any]:
 def _request_stages(
     bundle: ResultBundle, keys: set[tuple[Any, str]]
 ) -> tuple[dict[tuple[Any, str], dict[str, float]], dict[tuple[Any, str], list[float]]]:
-    """Per request of ``keys``: stage -> ms (a repeated stage sums) and its denoise steps' ms in
-    step order (``DenoisingStage`` when present, else any stage classed ``denoise``)."""
+    """Per request of ``keys``: stage -> ms (a repeated stage sums) and its denoise steps' ms."""
     stages, steps = rows_of(bundle.stages, keys), rows_of(bundle.steps, keys)
     if stages["ms"].isna().any():
         miss = stages[stages["ms"].isna()].iloc[0]
@@ -198,12 +187,8 @@ def _launch_values(
 
 
 def set_case(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """Put ``entry`` under ``doc["scenarios"][case_id]`` in place and return ``doc``.
-
-    Keys of an existing entry that :func:`from_bundle` does not derive (``notes``, unknown keys)
-    are kept; derived keys are replaced. Top-level ``load_peak_vram_mb``/``runtime_peak_vram_mb``
-    maps, when the document has them, get this case's values too so they cannot go stale.
-    """
+    """Put ``entry`` under ``doc["scenarios"][case_id]`` (and the top-level per-case maps) in place
+    and return ``doc``; an old entry's keys :func:`from_bundle` does not derive are kept."""
     cases = doc.setdefault("scenarios", {})
     old = cases.get(case_id) or {}
     merged: dict[str, Any] = {}
@@ -222,8 +207,7 @@ def set_case(doc: dict[str, Any], case_id: str, entry: Mapping[str, Any]) -> dic
 
 
 def baseline_from_bundles(cases: Mapping[str, ResultBundle], hardware: str | None = None) -> dict[str, Any]:
-    """A whole baseline document (sglang's default tolerances and step fractions) from case id ->
-    bundle; ``metadata.description`` names the bundles' git commits."""
+    """A baseline document (sglang's defaults) from case id -> bundle, naming their git commits."""
     commits = sorted({str(b.meta.get("git_commit")) for b in cases.values() if b.meta.get("git_commit")})
     at = f" at git commit {', '.join(commits)}" if commits else ""
     doc = new_baseline(hardware, description=f"Reference numbers from perfkit bundles{at}.")
@@ -233,21 +217,9 @@ def baseline_from_bundles(cases: Mapping[str, ResultBundle], hardware: str | Non
 
 
 def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
-    """One case entry (sglang layout) from per-request records
-    (:class:`perfkit.readings.records.PerfRecord`, e.g. a performance.log's lines or a perf
-    dump, :class:`~perfkit.readings.perfdump.PerfDump`), the worst request kept as
-    sglang's baseline dump does (``test_server_utils.py``): ``stages_ms``, ``denoise_step_ms``
-    at sglang's step fractions, ``expected_e2e_ms`` (``total_duration_ms``),
-    ``expected_avg_denoise_ms`` / ``expected_median_denoise_ms`` and, when the records carry a
-    ``runtime_peak`` snapshot, ``runtime_peak_vram_mb`` / ``runtime_peak_allocated_mb``.
-
-    A value that no record measured (null everywhere) is written as None, never as 0; a step
-    list with a null is left out of the averages (it cannot be averaged honestly).
-
-    Raises:
-        ValueError: no records.
-    """
-
+    """One case entry from per-request records (:class:`perfkit.readings.records.PerfRecord`),
+    the worst request's values as sglang's baseline dump keeps (``test_server_utils.py``); a value
+    no record measured is None, never 0. Raises ValueError: no records."""
     peak_keys = (
         ("runtime_peak_vram_mb", "peak_reserved_mb"),
         ("runtime_peak_allocated_mb", "peak_allocated_mb"),
@@ -261,8 +233,7 @@ def entry_from_records(records: Iterable[Any]) -> dict[str, Any]:
 
 def _worst_entry(rows: Iterable[tuple[dict, list, Any, dict]], fractions: Iterable[float]) -> dict[str, Any]:
     """A case entry from per-request (stage -> ms, step ms list, e2e ms, key -> MiB) rows, the
-    worst request's value each, in one pass (rows may stream from a file of any size); a value
-    no row measured is None. Raises ValueError: no rows."""
+    worst value each, in one pass; a value no row measured is None. Raises ValueError: no rows."""
 
     def worse(cur: float | None, v: float | None) -> float | None:
         return cur if v is None else (v if cur is None else max(cur, v))
@@ -312,17 +283,10 @@ def update_baseline(
     launch: str | None = None,
     num_frames: int | None = None,
 ) -> dict[str, Any]:
-    """Write ``case_id``'s entry, derived from the bundle at ``bundle_dir``, into ``baseline_file``
-    (atomically, :func:`save_baseline`; created with sglang's default tolerances when missing) and return the document. The entry is the steady state the suite's gate writes
-    (:func:`perfkit.bundle.steady_state` of ``launch``; ``num_frames`` picks one request shape).
-    Other cases, tolerances and unknown keys are kept; ``metadata`` gets today's date, the bundle's
-    git commit and ``hardware`` when given.
-
-    Raises:
-        ValueError: a case id that is empty, longer than 200 characters or not printable; several
-            launches and no ``launch``; an unknown launch; ``hardware`` differs
-            from the file's ``metadata.hardware`` (a baseline holds one hardware's numbers).
-    """
+    """Write ``case_id``'s entry from the bundle's steady state (:func:`perfkit.bundle.steady_state`)
+    into ``baseline_file`` (atomically; created when missing) and return the document. Raises
+    ValueError: a bad case id, several launches and no ``launch``, an unknown launch, or
+    ``hardware`` other than the file's."""
     if not case_id or len(case_id) > 200 or not case_id.isprintable():
         raise ValueError(f"case id {case_id[:60]!r}: 1 to 200 printable characters")
     bundle = ResultBundle.load(bundle_dir)
@@ -363,22 +327,6 @@ def update_baseline(
     return doc
 
 
-def _flatten(entry: Mapping[str, Any], where: str = "<entry>") -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for k in ("stages_ms", "denoise_step_ms"):
-        m = entry.get(k)
-        if m is None:
-            continue
-        if not isinstance(m, Mapping):
-            raise BaselineError(f"{where}.{k}: {m!r} is not an object")
-        for name, v in m.items():
-            out[f"{k}.{name}"] = metric_value(v, f"{where}.{k}.{name}")
-    for k in SCALAR_METRICS:
-        if k in entry:
-            out[k] = metric_value(entry[k], f"{where}.{k}")
-    return out
-
-
 def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float | None] | None:
     entry = (baseline.get("scenarios") or {}).get(case)
     top = {
@@ -390,7 +338,6 @@ def _expected_metrics(baseline: Mapping[str, Any], case: str) -> dict[str, float
         return None
     flat = _flatten(entry or {}, f"baseline scenarios.{case}")
     for k, v in top.items():
-        # a value inside the case entry wins
         flat.setdefault(k, metric_value(v, f"baseline {k}.{case}"))
     return flat
 
@@ -404,42 +351,18 @@ def compare(
     stage_classes: Mapping[str, str] | None = None,
     video: bool = True,
 ) -> list[Check]:
-    """Check a run against a baseline with sglang's rule: a metric passes when ``actual <=
-    max(expected * (1 + tol), expected + pad)`` (:mod:`~perfkit.gate.baseline.files`; nulls as
-    docs/sglang.md says). Stage classes: :func:`classify_stage` unless ``stage_classes`` (name
-    -> class) says otherwise.
-
-    Args:
-        run: case id -> case entry (:func:`from_bundle`'s); ms and MiB.
-        profile: tolerance profile name; a flat file has one set for every profile.
-        strict: a case (or metric) with no baseline fails instead of being ``new``.
-        video: the 160 ms pad for denoise steps after step 0 (False: 20 ms, image models).
-
-    Returns:
-        Verdict rows: ``fail`` when over the bound or missing (or null) in the run; ``improved``
-        (a pass) when faster than ``expected * (1 - threshold)`` (the document's improvement
-        threshold, else sglang's 0.2), with a snippet to paste;
-        ``skipped`` when the profile has no tolerance for an optional metric (``load``,
-        allocated/warmup peaks), the baseline value is null, for ``stages_ms.per_frame_generation``
-        of video cases, for the denoise metrics of a run without a denoising stage
-        (:func:`no_denoise_reason`), and for every row of a case whose engine ran otherwise
-        (:func:`ran_otherwise`).
-
-    Raises:
-        KeyError: when ``profile`` is not in the baseline's (profiled) tolerances.
-        BaselineError: a value in ``run`` or ``baseline`` that is not a number or null (the
-            message names the case and the key).
-    """
+    """Verdict rows of ``run`` (case id -> entry, ms and MiB) against ``baseline`` by sglang's rule
+    (docs/sglang.md "Interop facts"; ``strict``: an unknown case or metric fails, not ``new``;
+    ``video=False``: image models' step pad). Raises KeyError for a profile the baseline lacks,
+    :class:`BaselineError` for a value that is not a number or null (naming case and key)."""
     profile, tols = tolerance_profile(baseline.get("tolerances"), profile)
     given = (baseline.get("improvement_reporting") or {}).get("threshold")
     threshold_from = "the baseline's" if given is not None else "sglang's default: the baseline gives none"
     threshold = float(DEFAULT_IMPROVEMENT_THRESHOLD if given is None else given)
     classes = dict(stage_classes or {})
-
-    def classify(name: str) -> str:
-        return classes.get(name) or classify_stage(name)
-
-    rule = _Rule(profile, tols, classify, video, threshold, threshold_from)
+    rule = _Rule(
+        profile, tols, lambda n: classes.get(n) or classify_stage(n), video, threshold, threshold_from
+    )
     rows: list[Check] = []
     for case, entry in run.items():
         expected = _expected_metrics(baseline, case)
@@ -461,8 +384,7 @@ def compare(
                 rows.append(Check(case, metric, exp, actual.get(metric), None, "skipped", no_denoise))
                 continue
             rows.append(_metric_check(case, metric, exp, actual, rule))
-        if not any(r.status in ("pass", "fail", "improved") for r in rows[first:]):
-            # no hollow pass: a case present on both sides must compare something
+        if not any(r.status in ("pass", "fail", "improved") for r in rows[first:]):  # no hollow pass
             why = "its baseline entry holds no metric" if not expected else "every metric was skipped"
             why = f"nothing compared for this case: {why}"
             rows.append(Check(case, "metrics compared", None, 0, None, "fail", why))
@@ -475,9 +397,8 @@ def compare(
 
 
 def ran_otherwise(run_entry: Mapping[str, Any], base_entry: Mapping[str, Any]) -> str | None:
-    """Why a case is not comparable, naming both sides ("baseline measured with compile off, this
-    run compile on: not compared"), from the entries' :data:`ENGINE_KEY` (what the engine ran);
-    None when every field both record is the same (or either records none)."""
+    """Why a case is not comparable ("baseline measured with compile off, this run compile on: not
+    compared") from the entries' :data:`ENGINE_KEY`, or None."""
     base, mine = base_entry.get(ENGINE_KEY) or {}, run_entry.get(ENGINE_KEY) or {}
     keys = [k for k in base if k in mine and base[k] != mine[k]]
 
@@ -490,18 +411,13 @@ def ran_otherwise(run_entry: Mapping[str, Any], base_entry: Mapping[str, Any]) -
     return f"baseline measured with {say(base)}, this run {say(mine)}: not compared" if keys else None
 
 
-#: the one stage sglang's ``--backend diffusers`` writes (multimodal_gen/runtime/pipelines/
-#: diffusers_pipeline.py): the whole diffusers call, ``is_denoising`` false, no steps
+#: sglang's ``--backend diffusers`` one stage (runtime/pipelines/diffusers_pipeline.py): no steps
 DIFFUSERS_STAGE = "DiffusersExecutionStage"
 _DENOISE_AGGREGATES = ("expected_avg_denoise_ms", "expected_median_denoise_ms")
 
 
 def no_denoise_reason(entry: Mapping[str, Any], classify: StageClassifier) -> str | None:
-    """Why a run entry has no denoising to judge, or None when one of its stages denoises.
-
-    sglang's diffusers backend runs the whole pipeline as one ``DiffusersExecutionStage`` with
-    no steps (its records: ``is_denoising`` false, ``steps: []``); the denoise aggregates sglang's
-    layout writes then (0.0) measure nothing, so they are never a pass."""
+    """Why a run entry has no denoising to judge (e.g. sglang's diffusers backend), or None."""
     stages = [str(s) for s in (entry.get("stages_ms") or {})]
     if any(classify(s) == "denoise" for s in stages):
         return None
@@ -511,14 +427,11 @@ def no_denoise_reason(entry: Mapping[str, Any], classify: StageClassifier) -> st
 
 
 def _is_denoise_metric(metric: str) -> bool:
-    """The step metrics (a denoising stage the run lacks stays "missing from run")."""
     return metric in _DENOISE_AGGREGATES or metric.startswith("denoise_step_ms.")
 
 
 @dataclass(frozen=True)
 class _Rule:
-    """What :func:`compare` checks every metric with."""
-
     profile: str
     tols: Mapping[str, float]
     classify: StageClassifier
@@ -550,7 +463,7 @@ def _metric_check(
     rule_txt = f"{rule_name}: tol {tol:g}, pad {pad:g}"
     threshold = rule.threshold
     if act > b:
-        if not exp:  # sglang's placeholder 0: no reference to gate a measured value on (issue 54)
+        if not exp:  # sglang's placeholder 0
             raise BaselineError(f"scenarios.{case}.{metric}: 0 is no reference for {act:g} (needs > 0)")
         why = f"{act:g} > bound {b:g} (+{(act / exp - 1.0) * 100:.1f}% vs expected; {rule_txt})"
         return Check(case, metric, exp, act, b, "fail", why)
@@ -568,13 +481,8 @@ def _metric_check(
 def check_overlap(
     run: Mapping[str, Any], baseline: Mapping[str, Any], *, source: str, run_hardware: str | None = None
 ) -> tuple[list[Check], list[str]]:
-    """Whether comparing ``run`` (case id -> entry) with ``baseline`` compares anything.
-
-    Returns ``(rows, warnings)``: a failing row (case ``baseline``, metric ``cases compared``)
-    when no case of the run is in the baseline, so that a run on other hardware (a CPU run
-    against ``baselines/h200.json``) never reads as a pass; and warnings naming both hardware
-    labels when nothing was compared or when the labels differ.
-    """
+    """``(rows, warnings)``: a failing row (``baseline``, ``cases compared``) when no case of
+    ``run`` is in ``baseline``; warnings naming both hardware labels then or when they differ."""
     ref_hw = (baseline.get("metadata") or {}).get("hardware") or "unknown"
     run_hw = run_hardware or "unknown"
     common = [c for c in run if c in (baseline.get("scenarios") or {})]

@@ -1,9 +1,6 @@
-"""Baseline files: sglang's rules (tolerances, pads, stage classes, the pass bound), a new
-document, load (checked), dump and save (atomic).
-
-Source of the rules: sglang's diffusion perf CI check (multimodal_gen perf baselines
-validation), as paraphrased in docs/sglang.md "Interop facts". Units: ms and MiB.
-"""
+"""Baseline files: sglang's rules (tolerances, pads, stage classes, the pass bound; source:
+sglang's multimodal_gen perf baselines check, docs/sglang.md "Interop facts"), a new document,
+load (checked), dump and save (atomic). Units: ms and MiB."""
 
 from __future__ import annotations
 
@@ -23,40 +20,20 @@ from perfkit.common.slugs import did_you_mean
 from perfkit.readings.records import MAX_READING, short_repr
 from perfkit.readings.stages import baseline_class as classify_stage  # noqa: F401 (re-exported)
 
-# ---------------------------------------------------------------------------------------------
-# Constants: every number the check uses (source: the module doc). A metric passes when
-#     actual <= max(expected * (1 + tol), expected + pad)
-# with the pads and tolerance overrides below. The default tolerance profiles are the numbers in
-# sglang's RTX 5090 baseline file (fixtures/sglang/perf_baselines_5090.json).
-# ---------------------------------------------------------------------------------------------
-
-#: sglang: default absolute pad (ms) for any timing without a more specific rule
-#: (e2e, denoise stages, denoise aggregates, load time).
-DEFAULT_PAD_MS = 20.0
-#: sglang: pad (ms) for non-denoise stages (text encoding, latent preparation, ...).
+# sglang's numbers (docs/sglang.md "Interop facts"); pass: actual <= max(expected * (1 + tol), expected + pad)
+DEFAULT_PAD_MS = 20.0  # any timing without a more specific rule
 NON_DENOISE_STAGE_PAD_MS = 120.0
-#: sglang: decoding stages use max(tol, 0.9) ...
-DECODING_STAGE_MIN_TOL = 0.9
-#: ... and a 450 ms pad.
+DECODING_STAGE_MIN_TOL = 0.9  # decoding stages: max(tol, 0.9) and a 450 ms pad
 DECODING_STAGE_PAD_MS = 450.0
-#: sglang: denoising step 0 (first step, pays setup) uses tolerance 4.0 ...
-STEP0_TOL = 4.0
-#: ... and an 80 ms pad.
+STEP0_TOL = 4.0  # denoising step 0 pays setup
 STEP0_PAD_MS = 80.0
-#: sglang: other denoising steps of video models use a 160 ms pad.
-VIDEO_STEP_PAD_MS = 160.0
-#: other denoising steps of image models: the default pad (``compare(..., video=False)``).
+VIDEO_STEP_PAD_MS = 160.0  # later denoising steps of video models
 IMAGE_STEP_PAD_MS = DEFAULT_PAD_MS
-#: perfkit choice (not from sglang): VRAM peaks get no absolute pad, so the relative tolerance
-#: (1% load, 2% runtime in sglang's profiles) is the whole budget. Peaks come from torch's
-#: max_memory_reserved and are reproducible to the MiB on the same hardware.
+#: perfkit's choice, not sglang's: VRAM peaks get no pad (reproducible to the MiB on one hardware)
 VRAM_PAD_MB = 0.0
-#: sglang: ``improvement_reporting.threshold`` default; faster than expected * (1 - threshold)
-#: prints an improvement hint.
 DEFAULT_IMPROVEMENT_THRESHOLD = 0.2
-#: sglang: ``sampling.step_fractions`` default; sampled step index = round(fraction * (n - 1)).
 DEFAULT_STEP_FRACTIONS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-#: sglang's tolerance profiles, copied from its RTX 5090 baseline file.
+#: sglang's tolerance profiles, from its RTX 5090 baseline file (fixtures/sglang/perf_baselines_5090.json)
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "long_term": {
         "e2e": 0.15,
@@ -77,31 +54,26 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
         "runtime_peak_vram": 0.02,
     },
 }
-#: sglang's name for flat tolerances (one set, no profiles), which it reads for any profile asked.
+#: sglang's name for flat tolerances (one set for any profile asked)
 FLAT_PROFILE = "legacy/flat"
-#: The oldest flat files' single ``stage`` tolerance bounded every stage in the sglang of their
-#: time, so it stands for both stage keys of later files (see :func:`tolerance_profile`).
+#: what the oldest flat files' single ``stage`` tolerance stands for
 LEGACY_STAGE_KEYS = ("denoise_stage", "non_denoise_stage")
-#: sglang 0.5.23: VRAM tolerances a set may leave out, and the value it then uses.
+#: sglang 0.5.23: VRAM tolerances a set may leave out, and the value it then uses
 VRAM_TOLERANCE_DEFAULTS = {"load_peak_vram": 0.01, "runtime_peak_vram": 0.02}
-#: Rounding of values written by :func:`from_bundle` (sglang dumps ms with 2 decimals).
-MS_DECIMALS = 2
+MS_DECIMALS = 2  # as sglang dumps ms
 MB_DECIMALS = 1
 S_DECIMALS = 1
 
-#: Scalar timing metrics of a case entry -> (tolerance key, pad ms).
+#: scalar timing metrics of a case entry -> (tolerance key, pad ms)
 SCALAR_TIMING_METRICS: dict[str, tuple[str, float]] = {
     "expected_e2e_ms": ("e2e", DEFAULT_PAD_MS),
     "expected_avg_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
     "expected_median_denoise_ms": ("denoise_agg", DEFAULT_PAD_MS),
-    # optional: only gated when the profile has a "load" tolerance
     "expected_load_ms": ("load", DEFAULT_PAD_MS),
-    # perfkit extension (sglang has no such key): time to first result, launch until the first
-    # successful request ended; optional, gated when the profile has a "first_result" tolerance
+    # perfkit's (not sglang's): launch until the first successful request ended
     "expected_first_result_ms": ("first_result", DEFAULT_PAD_MS),
 }
-#: Memory metrics (MiB) -> (tolerance key, pad MiB). Keys without a tolerance in the profile are
-#: reported as skipped (informational): sglang only gates load/runtime peak VRAM.
+#: memory metrics (MiB) -> (tolerance key, pad MiB)
 MEMORY_METRICS: dict[str, tuple[str, float]] = {
     f"{key}_mb": (key, VRAM_PAD_MB)
     for key in (
@@ -112,12 +84,10 @@ MEMORY_METRICS: dict[str, tuple[str, float]] = {
         "runtime_peak_allocated",
     )
 }
-#: Both tables: every scalar metric of a case entry -> (tolerance key, pad).
 SCALAR_METRICS = {**SCALAR_TIMING_METRICS, **MEMORY_METRICS}
-#: sglang's per-frame time stage key: null in its baselines when not measured; skipped for
-#: video cases by its check (``_validate_stages``).
+#: skipped for video cases by sglang's check (``_validate_stages``)
 PER_FRAME_METRIC = "stages_ms.per_frame_generation"
-#: Tolerance keys that may be absent from a profile without it being an error.
+#: tolerance keys a profile may lack (their metrics are skipped)
 OPTIONAL_TOLERANCES = {
     "load",
     "first_result",
@@ -125,41 +95,25 @@ OPTIONAL_TOLERANCES = {
     "load_peak_allocated",
     "runtime_peak_allocated",
 }
-#: Top-level per-case maps some sglang files carry (case id -> MiB).
+#: top-level per-case maps some sglang files carry (case id -> MiB)
 TOP_LEVEL_CASE_MAPS = ("load_peak_vram_mb", "runtime_peak_vram_mb")
-#: perfkit's key in a case entry (sglang's readers skip it): what the engine really ran, as it
-#: reported (``compile_active``, ``compile_backend``, ``dtype``, ``device``); a case measured
-#: otherwise than this run is not compared (:func:`perfkit.gate.baseline.compare`)
+#: perfkit's key in a case entry (sglang skips it): what the engine really ran
 ENGINE_KEY = "perfkit_engine"
-#: Keys of a case entry that :func:`from_bundle` derives (replaced on update; others kept).
-DERIVED_KEYS = (
-    ENGINE_KEY,
-    "stages_ms",
-    "denoise_step_ms",
-    *SCALAR_METRICS,
-    "estimated_full_test_time_s",
-)
+#: keys of a case entry that ``from_bundle`` derives (replaced on update; others kept)
+DERIVED_KEYS = (ENGINE_KEY, "stages_ms", "denoise_step_ms", *SCALAR_METRICS, "estimated_full_test_time_s")
 
 
 def is_flat(tolerances: Mapping[str, Any]) -> bool:
-    """Whether a ``tolerances`` map is one flat set (``e2e`` is a number, not a profile), as
-    sglang 0.5.23 tells them apart (``ToleranceConfig.load_profile``)."""
+    """Whether a ``tolerances`` map is one flat set (sglang 0.5.23 ``ToleranceConfig.load_profile``)."""
     return "e2e" in tolerances and not isinstance(tolerances["e2e"], Mapping)
 
 
 def tolerance_profile(
     tolerances: Mapping[str, Any] | None, profile: str = "pr_test"
 ) -> tuple[str, dict[str, float]]:
-    """The tolerance set a check with ``profile`` uses, read as sglang reads a baseline file
-    (rules and sources: docs/sglang.md "Interop facts"): ``(name, {key: fraction})``, ``name``
-    :data:`FLAT_PROFILE` for a flat file (:func:`is_flat`: the one set whatever is asked; an old
-    single ``stage`` key fills both :data:`LEGACY_STAGE_KEYS`), else ``tolerances[profile]``;
-    absent VRAM keys take :data:`VRAM_TOLERANCE_DEFAULTS`, other absent keys stay absent.
-
-    Raises:
-        KeyError: a profiled map without ``profile`` (listing the ones it has): unlike sglang's
-            fallback to ``pr_test``, a misspelt ``--profile`` never gates with another set.
-    """
+    """``(name, {key: fraction})``: the tolerance set ``profile`` uses, read as sglang reads it
+    (docs/sglang.md "Interop facts"); a flat file's one set is :data:`FLAT_PROFILE`. Raises
+    KeyError for a profile the file lacks (unlike sglang, no fallback to ``pr_test``)."""
     tolerances = tolerances or {}
     if is_flat(tolerances):
         name, tols = FLAT_PROFILE, dict(tolerances)
@@ -180,7 +134,7 @@ StageClassifier = Callable[[str], str]
 
 
 def _number_problem(v: Any) -> str | None:
-    """Why ``v`` is not a metric value (a finite JSON number in [0, :data:`~perfkit.readings.records.MAX_READING`]), or None."""
+    """Why ``v`` is not a finite number in [0, MAX_READING], or None."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return f"({type(v).__name__}) is not a number"
     if isinstance(v, float) and not math.isfinite(v):  # an int is finite (math.isnan(10**400) overflows)
@@ -200,7 +154,7 @@ def bound(expected: float, tol: float, pad: float) -> float:
 def _metric_rule(
     metric: str, tols: Mapping[str, float], classify: StageClassifier, video: bool
 ) -> tuple[float | None, float, str]:
-    """(tolerance or None if the profile lacks it, pad, rule description) for a metric path."""
+    """(tolerance or None, pad, rule description) for a metric path."""
     if metric.startswith("stages_ms."):
         cls = classify(metric.split(".", 1)[1])
         if cls == "denoise":
@@ -221,7 +175,7 @@ def _metric_rule(
     return None, DEFAULT_PAD_MS, "unknown"
 
 
-#: the largest baseline file read (bytes): sglang's perf_baselines files are about 100 KB
+#: the largest baseline file read (bytes; sglang's are about 100 KB)
 MAX_BASELINE_BYTES = 32 * 2**20
 
 
@@ -230,8 +184,7 @@ class BaselineError(ValueError):
 
 
 def new_baseline(hardware: str | None = None, *, description: str = "") -> dict[str, Any]:
-    """An empty baseline document with sglang's default tolerances (:data:`DEFAULT_TOLERANCES`),
-    improvement threshold and step fractions."""
+    """An empty baseline document with sglang's default tolerances, threshold and step fractions."""
     return {
         "metadata": {
             "model": "Diffusion Server",
@@ -247,14 +200,31 @@ def new_baseline(hardware: str | None = None, *, description: str = "") -> dict[
 
 
 def metric_value(v: Any, where: str, nullable: bool = True) -> float | None:
-    """A metric as written: None for JSON null ("not measured", sglang writes it), else a finite,
-    non-negative number; anything else raises :class:`BaselineError` naming ``where`` (never 0)."""
+    """None for JSON null ("not measured"), else a finite non-negative number; anything else
+    raises :class:`BaselineError` naming ``where``."""
     if v is None and nullable:
         return None
     problem = _number_problem(v)
     if problem:
         raise BaselineError(f"{where}: {short_repr(v)} {problem}")
     return float(v)
+
+
+def _flatten(entry: Mapping[str, Any], where: str) -> dict[str, float | None]:
+    """``group.name`` / scalar key -> metric value of a case entry; raises :class:`BaselineError`."""
+    out: dict[str, float | None] = {}
+    for k in ("stages_ms", "denoise_step_ms"):
+        if k not in entry:
+            continue
+        m = entry[k]
+        if not isinstance(m, Mapping):
+            raise BaselineError(f"{where}.{k}: {m!r} is not an object")
+        for name, v in m.items():
+            out[f"{k}.{name}"] = metric_value(v, f"{where}.{k}.{name}")
+    for k in SCALAR_METRICS:
+        if k in entry:
+            out[k] = metric_value(entry[k], f"{where}.{k}")
+    return out
 
 
 def _validate(doc: Any, source: str) -> None:
@@ -273,8 +243,6 @@ def _validate(doc: Any, source: str) -> None:
 
     imp = doc.get("improvement_reporting") or {}
     if "threshold" in imp:
-        # sglang: faster than expected * (1 - threshold) is an improvement, so a threshold is a
-        # fraction in [0, 1]; a string ("0.2"), NaN or -5 would turn every row into "improved"
         number("improvement_reporting.threshold", imp["threshold"], nullable=False)
         if imp["threshold"] > 1:
             raise bad("improvement_reporting.threshold", f"{imp['threshold']!r} is above 1 (a fraction)")
@@ -303,22 +271,14 @@ def _validate(doc: Any, source: str) -> None:
     for case, entry in (doc.get("scenarios") or {}).items():
         if not isinstance(entry, dict):
             raise bad(f"scenarios.{case}", "expected an object")
-        for k in entry:  # a renamed key would read as "nothing in the baseline": every stage new
+        for k in entry:
             if k not in DERIVED_KEYS and (near := did_you_mean(k, DERIVED_KEYS, 0.8)):
                 raise bad(f"scenarios.{case}.{k}", f"unknown key{near}")
         if all(entry.get(k, {}) == {} for k in DERIVED_KEYS if k != ENGINE_KEY):  # empty maps hold none
             raise bad(f"scenarios.{case}", f"no metric (keys: {', '.join(map(str, entry)) or 'none'})")
-        for mkey in ("stages_ms", "denoise_step_ms"):
-            if mkey not in entry:
-                continue
-            m = entry[mkey]
-            if not isinstance(m, dict):
-                raise bad(f"scenarios.{case}.{mkey}", f"{m!r} is not an object")
-            for k, v in m.items():
-                number(f"scenarios.{case}.{mkey}.{k}", v)
-        for mkey in (*SCALAR_METRICS, "estimated_full_test_time_s"):
-            if mkey in entry:
-                number(f"scenarios.{case}.{mkey}", entry[mkey])
+        _flatten(entry, f"{source}: scenarios.{case}")
+        if "estimated_full_test_time_s" in entry:
+            number(f"scenarios.{case}.estimated_full_test_time_s", entry["estimated_full_test_time_s"])
         ran = entry.get(ENGINE_KEY, {})
         if not isinstance(ran, dict) or any(
             not isinstance(v, bool if k == "compile_active" else str) for k, v in ran.items()
@@ -348,13 +308,9 @@ def loads_baseline(text: str, source: str = "<string>") -> dict[str, Any]:
 
 
 def load_baseline(path: str | Path) -> dict[str, Any]:
-    """Load a baseline file (sglang ``perf_baselines`` layout) as a plain dict, unknown keys kept.
-
-    Raises:
-        FileNotFoundError: when the file does not exist.
-        BaselineError: when it is larger than :data:`MAX_BASELINE_BYTES`, not valid JSON (message: ``<file>: invalid JSON at line L column
-            C: ...``) or has the wrong shape (message names the file and the key path).
-    """
+    """A baseline file (sglang ``perf_baselines`` layout) as a plain dict, unknown keys kept.
+    Raises FileNotFoundError, or :class:`BaselineError` naming the file (too large, not JSON with
+    line and column, the wrong shape with the key path)."""
     p = Path(path)
     size = p.stat().st_size
     if size > MAX_BASELINE_BYTES:
@@ -374,7 +330,7 @@ def dumps_baseline(doc: Mapping[str, Any]) -> str:
 
 
 def save_baseline(doc: Mapping[str, Any], path: str | Path) -> Path:
-    """Write ``doc`` to ``path`` atomically (see :func:`atomic_write_text`). Returns the path."""
+    """Write ``doc`` to ``path`` atomically; returns the path."""
     _validate(doc, "<document to save>")
     p = Path(path)
     atomic_write_text(p, dumps_baseline(doc))
@@ -382,13 +338,8 @@ def save_baseline(doc: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically.
-
-    Writes a temp file in the same directory, flushes and fsyncs it, then ``os.replace``s it over
-    the target (and fsyncs the directory, best effort). On any error the temp file is removed and
-    the old file is left untouched. The new file keeps the old file's permission bits (or gets
-    0o666 minus the umask when it is new).
-    """
+    """Replace ``path`` with ``text`` atomically (a fsynced temp file ``os.replace``d), keeping
+    its permission bits; on any error the old file is left untouched."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     if p.exists():
