@@ -1,7 +1,5 @@
-"""Papermill orchestration: run the investigation notebooks, gate the run, assemble its outputs
-(:func:`run_suite`, :func:`merge_runs`); what a run directory holds: docs/suite.md, "The run
-directory". Exit codes: 0 every gate passed, 1 a regression, 2 an error.
-"""
+"""Papermill orchestration: run the investigation notebooks, gate the run, write its outputs
+(:func:`run_suite`, :func:`merge_runs`; docs/suite.md, "The run directory")."""
 
 from __future__ import annotations
 
@@ -84,17 +82,12 @@ def run_suite(
     executor: str | None = None,
     executor_options: Mapping[str, Any] | None = None,
 ) -> SuiteResult:
-    """Run the suite (docs/suite.md, "The run directory"). Raises :class:`ParamsError` (bad
-    params, baseline file, unknown ``tier``) or :class:`SuiteError` (replay directory without
-    bundles, ``out`` holding another run and no ``force``) before anything runs; every later
-    failure is reported through the exit code. ``scaleout``: a merge document
-    (:func:`perfkit.scaleout.merge.merge_shards`), kept in run.json, whose ``problems`` become a
-    :data:`SCALEOUT` error entry (exit 2). ``sets``: ``section.key=value`` overrides.
-    ``executor`` (``perfkit suite --executor NAME``): every unit of work through that executor
-    (one shard of one, into ``RUN/shards/1/``), then :func:`merge_runs` into ``RUN``; an unknown
-    or missing one (``ray`` without ``perfkit[ray]``) raises ExecutorError before anything runs;
-    with ``replay`` too, :class:`SuiteError`.
-    """
+    """Run the suite (docs/suite.md, "The run directory"). Before anything runs, raises
+    :class:`ParamsError` (bad params or baseline file, unknown ``tier``), :class:`SuiteError` (a
+    replay without bundles, ``out`` holding another run without ``force``, ``executor`` with
+    ``replay``) or ExecutorError (an unknown or missing ``executor``: its units into
+    ``RUN/shards/1/``, then :func:`merge_runs`); later failures set the exit code. ``scaleout``: a
+    merge document whose ``problems`` become a :data:`SCALEOUT` error entry (exit 2)."""
     from perfkit import report
 
     if executor is not None and replay:
@@ -111,31 +104,14 @@ def run_suite(
         shard_dir = run_dir / "shards" / "1"
         if shard_dir.exists():
             shutil.rmtree(shard_dir)
+        both = {"progress": progress, "sets": sets}
+        units = {"only": only, "tier": tier, "executor": executor, "executor_options": executor_options}
         try:
-            run_shard(
-                params_path,
-                shard_dir,
-                1,
-                1,
-                only=only,
-                tier=tier,
-                executor=executor,
-                executor_options=executor_options,
-                progress=progress,
-                sets=sets,
-            )
+            run_shard(params_path, shard_dir, 1, 1, **units, **both)
         except ShardInterrupted as exc:  # the manifest keeps what finished: report it (exit 2)
             log.error("%s", exc)
-        return merge_runs(
-            [shard_dir],
-            run_dir,
-            params_path=params_path,
-            notebooks=notebooks,
-            screenshot=screenshot,
-            progress=progress,
-            force=True,
-            sets=sets,
-        )
+        shown = {"notebooks": notebooks, "screenshot": screenshot}
+        return merge_runs([shard_dir], run_dir, params_path=params_path, force=True, **shown, **both)
     spec = params.engine_spec()
     try:
         spec.check()
@@ -150,7 +126,6 @@ def run_suite(
         for n in replay_plan(replay_dir, selected, allow_empty=scaleout is not None):
             skipped[n] = NOT_MERGED if scaleout is not None else NO_REPLAY_BUNDLE
             log.warning("--replay %s: no %s bundle: %s skipped", replay_dir, n, n)
-    # a new default directory only once every check passed (a refused run leaves nothing)
     run_dir = (Path(out) if out else default_out(params.name)).resolve()
     prepare_run_dir(run_dir, force=force, replay_dir=replay_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +185,6 @@ def _run_notebooks(
             return NotebookRun(
                 name, status="error", error=f"notebook {src} not found", ename="FileNotFoundError"
             )
-        # a stale verdict from an earlier run in the same directory must not count
         (run_dir / name / VERDICT_FILE).unlink(missing_ok=True)
         log.info("running %s", src)
         try:
@@ -232,37 +206,23 @@ def _run_notebooks(
             r.error = f"notebook {name} finished without writing {name}/{VERDICT_FILE}"
         return r
 
-    # the bars write to a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
+    # a copy of the terminal's stderr: fd 2 goes to kernel logs meanwhile
     bar_file = os.fdopen(os.dup(2), "w") if progress else sys.stderr
     it = tqdm(names, desc="perfkit suite", unit="notebook", disable=not progress, file=bar_file)
-    # (launches, requests) of each notebook: a replay launches nothing, nor does the gate
     planned = {n: run_plan(params, [n]) if replay_dir is None else (0, 0) for n in names}
     bars = RunBars(bar_file, *(sum(p[i] for p in planned.values()) for i in (0, 1)), enabled=progress)
-    # if this process is killed outright, the reaper ends what its kernels started
     (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     reaper = spawn_reaper(run_dir / "notebooks", spec.stop_grace_s) if replay_dir is None else None
     try:
         for name in it:
             it.set_postfix_str(name)
             r = run_one(name)
-            if r is None:
-                # Ctrl-C or SIGTERM (CI cancel): the kernel is shut down, its engine follows it
-                # (launch's parent-death signal); stop here, but still write the report (exit 2)
+            if r is None:  # Ctrl-C or SIGTERM: stop here, but still write the report (exit 2)
                 log.error("interrupted while running %s: writing the report of what ran", name)
-                runs.append(
-                    NotebookRun(
-                        name,
-                        status="error",
-                        ename="KeyboardInterrupt",
-                        error=f"interrupted (Ctrl-C or SIGTERM) while running {name}",
-                    )
-                )
-                done = {r.name for r in runs}
-                runs += [
-                    NotebookRun(n, status="skipped", reason="not run: interrupted")
-                    for n in names
-                    if n not in done
-                ]
+                why = f"interrupted (Ctrl-C or SIGTERM) while running {name}"
+                runs.append(NotebookRun(name, status="error", ename="KeyboardInterrupt", error=why))
+                rest = names[names.index(name) + 1 :]
+                runs += [NotebookRun(n, status="skipped", reason="not run: interrupted") for n in rest]
                 break
             runs.append(r)
     finally:
@@ -311,15 +271,9 @@ def merge_runs(
     allow_mixed_commits: bool = False,
     sets: Sequence[str] = (),
 ) -> SuiteResult:
-    """``perfkit merge DIR... --out RUN``: shard outputs joined into ``RUN/merged/``
-    (:func:`perfkit.scaleout.merge.merge_shards`), then :func:`run_suite` replaying them; its
-    problems (missing shards, failed units, other params, commits, engine) make exit 2
-    (``allow_mixed_commits``: other commits accepted).
-
-    Raises:
-        ParamsError: a bad ``params_path``. SuiteError: ``out`` holds another run (without
-            ``force``), or nothing could be merged (no readable shard, no unit output).
-    """
+    """``perfkit merge DIR... --out RUN``: shards joined into ``RUN/merged/``, then
+    :func:`run_suite` replaying them; merge problems make exit 2. Raises ParamsError (a bad
+    ``params_path``) or SuiteError (``out`` holds another run without ``force``; nothing merged)."""
     from perfkit.scaleout.merge import MERGED_DIR, merge_shards
 
     run_dir = Path(out).resolve()
@@ -336,8 +290,7 @@ def merge_runs(
         doc = merge_shards(dirs, merged, params, allow_mixed_commits=allow_mixed_commits)
     except ValueError as exc:
         raise SuiteError(f"merge: {exc}") from None
-    if not doc["merged"]:
-        # still a run: its report names every problem (the report is written in every case)
+    if not doc["merged"]:  # still a run: its report names every problem
         log.error(
             "perfkit merge: no bundle could be merged: %s",
             "; ".join(doc["problems"] or ["no units were planned"]),

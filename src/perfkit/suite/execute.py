@@ -1,9 +1,6 @@
-"""One notebook executed with papermill on an IPC kernel running this Python, and its parameters
-from the suite params: :func:`execute_owned`, :func:`notebook_parameters`, :class:`NotebookRun`;
-what the suite checks and prepares before anything runs: the baseline file, the replay directory
-and its bundles' identity, the run directory (refused when it holds another run), the default
-``outputs/<name>/<timestamp>`` directory and its ``latest`` link, the launch plan.
-"""
+"""One notebook executed with papermill (:func:`execute_owned`) and its parameters; what the
+suite checks and prepares before anything runs: the baseline file, the replay directory, the run
+directory and its ``latest`` link, the launch plan (docs/suite.md, "The run directory")."""
 
 from __future__ import annotations
 
@@ -45,14 +42,12 @@ def outputs_base(name: str) -> Path:
 
 
 def default_out(name: str) -> Path:
-    """A new run directory ``outputs/<name>/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when that
-    second is taken): runs never overwrite each other."""
+    """A new run directory ``outputs/<name>/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... when taken)."""
     return stamped_dir(outputs_base(name), create=True)
 
 
 def link_latest(run_dir: Path) -> Path | None:
-    """Point ``<run_dir's parent>/latest`` at ``run_dir`` (a relative symlink, replaced
-    atomically). Returns the link, or None where symlinks are not possible (logged)."""
+    """Point ``<run_dir's parent>/latest`` at ``run_dir`` (atomically); the link, or None (logged)."""
     link = run_dir.parent / LATEST
     tmp = run_dir.parent / f".{LATEST}.{os.getpid()}"
     try:
@@ -66,16 +61,12 @@ def link_latest(run_dir: Path) -> Path | None:
 
 
 class SuiteError(ValueError):
-    """A suite that cannot start (replay directory without bundles, run directory holding
-    another run): nothing ran; exit code 2."""
+    """A suite that cannot start: nothing ran; exit code 2."""
 
 
-#: why a merged run skips an investigation: a part of it is missing or failed
 NOT_MERGED = "not measured: a unit of it failed or is missing (see the scale-out entry)"
-#: name of the run.json entry that carries scale-out problems (missing shard, failed unit)
+#: the run.json entry that carries scale-out problems
 SCALEOUT = "scale-out"
-
-#: skip reason of an investigation whose bundle the replay directory lacks
 NO_REPLAY_BUNDLE = "no bundle in replay dir"
 #: what a run directory holds once a suite ran there
 RUN_OUTPUTS = (
@@ -91,8 +82,7 @@ RUN_OUTPUTS = (
 
 def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
     """Raise :class:`ParamsError` when ``baseline.file`` is set but missing, not a valid
-    baseline (the message gives line/column for broken JSON) or lacks ``baseline.profile``.
-    ``file: null`` means invariants only and passes."""
+    baseline or lacks ``baseline.profile``."""
     f = params.baseline.file
     if f is None:
         return
@@ -118,9 +108,8 @@ def check_baseline_file(params: SuiteParams, source: str | Path) -> None:
 
 
 def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool = False) -> list[str]:
-    """The selected investigations without a bundle in ``replay_dir`` (skipped). Raises
-    :class:`SuiteError` when ``replay_dir`` is missing or, unless ``allow_empty`` (a merge whose
-    every unit failed), holds no bundle of them."""
+    """The selected investigations without a bundle in ``replay_dir``. Raises :class:`SuiteError`
+    when ``replay_dir`` is missing or, unless ``allow_empty``, holds no bundle of them."""
     selected = list(selected)
     if allow_empty and replay_dir.is_dir():
         return [n for n in selected if not (replay_dir / n / "meta.json").exists()]
@@ -149,8 +138,7 @@ def replay_plan(replay_dir: Path, selected: Iterable[str], *, allow_empty: bool 
 
 def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteParams, source: str) -> None:
     """Raise :class:`SuiteError` when a replayed bundle was measured with another engine or
-    request shape than ``params`` describe (:func:`perfkit.bundle.identity_differences`): its
-    numbers would be filed under another engine's case ids. Bundles recording none are logged."""
+    request shape than ``params`` describe; bundles recording none are logged."""
     problems, engine, request = [], params.engine_dict(), params.request.model_dump()
     for name in names:
         if not (replay_dir / name / "meta.json").exists():
@@ -172,8 +160,7 @@ def check_replay_identity(replay_dir: Path, names: Iterable[str], params: SuiteP
 
 def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | None = None) -> None:
     """Refuse (:class:`SuiteError`) a run directory that holds another run, unless ``force``:
-    then that run's outputs (:data:`RUN_OUTPUTS`) are removed, so no stale bundle or verdict
-    mixes into the new report."""
+    then that run's outputs (:data:`RUN_OUTPUTS`) are removed."""
     if replay_dir is not None and replay_dir == run_dir:
         raise SuiteError(
             f"--replay and --out are the same directory ({run_dir}): choose another "
@@ -201,8 +188,7 @@ def prepare_run_dir(run_dir: Path, *, force: bool = False, replay_dir: Path | No
 
 
 def run_plan(params: SuiteParams, names: Iterable[str]) -> tuple[int, int]:
-    """(launches, requests) the investigations ``names`` would make with ``params``, from each
-    investigation's ``plan`` (an upper bound: an investigation may reuse an earlier one's launch)."""
+    """(launches, requests) the investigations ``names`` would make at most with ``params``."""
     plans = []
     for n in names:
         if n not in registry.names():  # the gate notebook launches nothing
@@ -231,21 +217,17 @@ class NotebookRun:
     ename: str | None = None
     output: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
-    #: why a notebook was skipped (disabled in the params, not selected, no bundle to replay)
-    reason: str | None = None
-    #: processes its kernel started that outlived it and the suite (their owner) ended:
-    #: {pid, label, how, killed, after_s, stopped} each (:class:`perfkit.engine.owner.Ended`)
+    reason: str | None = None  # why it was skipped
+    #: what its kernel started and the suite ended (:class:`perfkit.engine.owner.Ended` each)
     outlived: list[dict[str, Any]] = field(default_factory=list)
     #: the launch and request under way when a failed notebook's kernel stopped
-    #: (:func:`perfkit.measuring.progress.in_flight`), None when no launch was cut short
     in_flight: dict[str, Any] | None = None
 
 
 @functools.cache
 def kernel_name() -> str:
-    """A kernel that runs this Python (``python3`` resolves to ``sys.executable``; otherwise a
-    ``perfkit`` kernelspec pointing at this interpreter is installed under ``sys.prefix``); once
-    a process."""
+    """A kernel that runs this Python: ``python3``, else a ``perfkit`` kernelspec installed under
+    ``sys.prefix``."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     ksm = KernelSpecManager()
@@ -268,9 +250,7 @@ def kernel_name() -> str:
 
 @functools.cache
 def ipc_kernel_manager():
-    """A jupyter_client kernel manager whose local kernel listens on IPC sockets, not TCP
-    (ipykernel warns that unencrypted TCP is readable by anyone on the host); built on first use
-    (GPU hosts without the Jupyter stack never import it)."""
+    """A jupyter_client kernel manager whose kernel listens on IPC sockets, not TCP."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import Unicode
 
@@ -282,7 +262,7 @@ def ipc_kernel_manager():
 
 @contextlib.contextmanager
 def _env(values: Mapping[str, str]):
-    """Set ``os.environ`` to ``values`` for the block (kernels started meanwhile inherit them)."""
+    """``values`` in ``os.environ`` for the block."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -324,12 +304,9 @@ def execute_owned(
     timeout_s: float | None = None,
 ) -> NotebookRun:
     """Run one notebook with papermill; never raises for a failing notebook (a last cell's
-    :class:`perfkit.gate.verdicts.GateFailed` is status ``ok``: the gate result is in its
-    verdict.json). Beside ``dst``: the kernel's stderr and papermill's log lines (``.kernel.log``),
-    its progress events (``.progress.jsonl``, drawn on ``bars``, ``planned`` requests) and process
-    registry (``.processes.jsonl``). What the kernel launches is ended here (``grace_s``) if it
-    outlives it (:mod:`perfkit.engine.owner`), also on Ctrl-C or SIGTERM (raised on):
-    ``outlived``, named in a failed run's error (after ``in_flight_error``'s launch)."""
+    :class:`perfkit.gate.verdicts.GateFailed` is status ``ok``). Beside ``dst``: ``.kernel.log``,
+    ``.progress.jsonl`` (drawn on ``bars``) and ``.processes.jsonl``. What the kernel launched and
+    left is ended here (``grace_s``), also on Ctrl-C or SIGTERM (raised on)."""
     import papermill as pm
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -356,9 +333,7 @@ def execute_owned(
                 run.status = "ok"
             except Exception as exc:  # noqa: BLE001 - papermill errors, dead kernels, timeouts
                 ename, text = notebook_error(dst) if dst.exists() else (None, None)
-                if (ename or getattr(exc, "ename", None)) == GATE_FAILED:
-                    # the last cell's gate exception (fail_on="gate"): the notebook ran to its end and
-                    # wrote its verdict; the gate result comes from verdict.json, not from this
+                if (ename or getattr(exc, "ename", None)) == GATE_FAILED:  # the result is in verdict.json
                     run.status, run.ename = "ok", GATE_FAILED
                 else:
                     run.status, run.ename = "error", ename or type(exc).__name__
@@ -369,7 +344,6 @@ def execute_owned(
         left = watch.reap(grace_s=grace_s)
     run.outlived = [asdict(e) for e in left]
     if run.status == "error":
-        # a kernel that died mid-launch (cell timeout, kill) left a request in flight
         run.in_flight = in_flight(pfile) if in_flight_error else None
         if run.in_flight:
             run.error = (
@@ -389,12 +363,8 @@ def notebook_parameters(
         "run_dir": str(run_dir),
         "engine": params.engine_dict(),
         "request": params.request.model_dump(),
-        # every key, None included: the notebook merges them over the defaults, so a limit the
-        # params file turns off (null) must reach it as None, not be left out
-        "invariants": params.invariants.model_dump(),
-        # the suite reads each verdict.json itself: a failed gate is a regression (exit 1), not
-        # a notebook error, so the notebooks never raise for it here (perfkit.gate.verdicts)
-        "fail_on": "never",
+        "invariants": params.invariants.model_dump(),  # None included: a limit turned off
+        "fail_on": "never",  # the suite reads each verdict.json itself
     }
     if name == GATE:
         b, keys = params.baseline, ("profile", "strict", "hardware")
