@@ -1,8 +1,5 @@
-"""The ``perfkit`` command (click): one module per command or group, each a thin wrapper over
-one library call, named in :data:`COMMANDS`. Exit codes: 0 pass, 1 a regression or a failed
-check, 2 an error, misuse or interrupt (:mod:`perfkit.common.exitcodes`). Adding a command:
-docs/DESIGN.md, "Adding a command".
-"""
+"""The ``perfkit`` command (click): one module per command or group, named in :data:`COMMANDS`;
+exit codes: :mod:`perfkit.common.exitcodes`. Adding a command: docs/DESIGN.md, "Adding a command"."""
 
 from __future__ import annotations
 
@@ -34,9 +31,7 @@ COMMANDS = {
     "history": "perfkit.cli.history:history_group",
     "measure": "perfkit.measure:measure_command",
 }
-#: the optional stack (:data:`perfkit.common.EXTRAS`) a command needs whole, checked before it runs
-#: (its ``--help`` works without it); other commands check where they need one (``--executor
-#: ray``, ``perfkit lab`` launching JupyterLab)
+#: the optional stack a command needs whole, checked before it runs (not for ``--help``)
 COMMAND_EXTRAS = {"history": "history"}
 
 
@@ -81,11 +76,8 @@ def cli(verbose: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code (also for ``perfkit`` itself). SIGINT or
-    SIGTERM: exit 2 with one line (:func:`perfkit.common.exitcodes.run_click`); a missing
-    optional stack met deeper (a figures block, a notebook): its one-line pip hint, exit 2."""
-    # jsonschema (papermill's nbformat) imports rfc3987_syntax when installed, only for "iri"
-    # formats nbformat never uses: a grammar built, 0.8 s of CPU per process that runs a notebook
+    """Run the command line; returns the exit code (SIGINT, SIGTERM, a missing optional stack: 2)."""
+    # jsonschema imports rfc3987_syntax only for "iri" formats nbformat never uses: 0.8 s of CPU
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     try:
         return run_click(cli, list(sys.argv[1:] if argv is None else argv), "perfkit", process=argv is None)

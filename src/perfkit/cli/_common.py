@@ -52,8 +52,7 @@ def ranged(decls: str, type: Any, default: Any, help: str) -> Callable[[Callable
 
 
 def print_result(res: Any, command: str) -> int:
-    """Print a suite result (each notebook's gate result, the status, where the report is);
-    return its exit code."""
+    """Print a suite result (each notebook's gate result, the status, the report); its exit code."""
     from perfkit.gate.verdicts import gate_result, nothing_measured_reason, read_verdict
 
     for n in res.notebooks:
@@ -80,8 +79,7 @@ def print_result(res: Any, command: str) -> int:
 
 
 def commit_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A --commit-url template: ``{commit}`` its one field (``{sha}`` was a KeyError traceback);
-    http(s) only (the link lands in summary.md and the history page: javascript: would run there)."""
+    """A --commit-url template: ``{commit}`` its one field; http(s) only (no javascript: links)."""
     if value is None:
         return None
     try:

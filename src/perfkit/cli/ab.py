@@ -1,7 +1,6 @@
-"""``perfkit ab``: A/B two engines (or replay two recorded sides), a thin wrapper over
-:mod:`perfkit.ab.ab_command` (read the options; run or replay, decide). Its decision options
-(:func:`decision_options`) are shared with ``perfkit bisect`` and ``perfkit history confirm``
-(:func:`probe_options`, :func:`probe_run`), whose probes are A/Bs of engine commits."""
+"""``perfkit ab``: A/B two engines (or replay two recorded sides) over :mod:`perfkit.ab.ab_command`;
+its decision options are shared with ``perfkit bisect`` and ``perfkit history confirm``
+(:func:`probe_options`, :func:`probe_run`)."""
 
 from __future__ import annotations
 
@@ -16,10 +15,8 @@ from perfkit.common.exitcodes import EXIT_ERROR
 
 
 def decision_options(launches: int, max_launches: int, warm: int, replay: bool) -> list[Any]:
-    """How an A/B runs and decides: ``--paired``, ``-n``, ``--max-launches``, ``--slow-spells``,
-    ``--spending``, ``-m``, ``--threshold``, ``--threshold-from``, ``--confidence``. The defaults
-    (launches a side, warm requests) are the command's; ``replay``: unset ones are a replay's
-    recorded values (click default None, read by :func:`read_decision`)."""
+    """The options of how an A/B runs and decides, with the command's defaults; ``replay``: unset
+    ones default to None (a replay's recorded values)."""
     rec = ", a replay: as recorded" if replay else ""
     return [
         click.option(
@@ -80,10 +77,8 @@ def decision_options(launches: int, max_launches: int, warm: int, replay: bool) 
 
 
 def read_decision(kw: dict[str, Any], bundles: Any = None) -> tuple[Any, float | None, dict[str, float]]:
-    """The decision options in ``kw`` -> (the sequential design, ``--threshold`` or None when not
-    given, ``--threshold-from``'s per-metric thresholds or {}); ``bundles``: a replay's, whose
-    recorded design fills what is not given. Raises
-    :class:`perfkit.ab.ab_command.AbInputError` naming the option."""
+    """The decision options in ``kw`` -> (design, ``--threshold`` or None, ``--threshold-from``'s
+    thresholds or {}); ``bundles``: a replay's. Raises AbInputError naming the option."""
     from perfkit.ab import ab_command
     from perfkit.ab.decide import thresholds_from_run
 
@@ -195,12 +190,7 @@ _PROBE_OPTIONS = [
         metavar="FILE",
         help="engine spec YAML or params file; {checkout} = the probe",
     ),
-    click.option(
-        "--python-path",
-        default=None,
-        metavar="DIR",
-        help="Python overlay: checkout/DIR first on PYTHONPATH",
-    ),
+    click.option("--python-path", metavar="DIR", help="Python overlay: checkout/DIR first on PYTHONPATH"),
     click.option("--build", default=None, metavar="CMD", help="shell command run in each checkout first"),
     ranged(
         "--build-timeout",
@@ -212,9 +202,8 @@ _PROBE_OPTIONS = [
 
 
 def probe_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The options ``perfkit bisect`` and ``perfkit history confirm`` share (perfkit.bisect.probe.ProbeSetup):
-    the probe's build, then ``perfkit ab``'s decision options (a probe: 2 to 6 launches a side, 3 warm
-    requests; still inconclusive at the maximum, the probe is undecided and skipped)."""
+    """The options ``perfkit bisect`` and ``perfkit history confirm`` share: the probe's build,
+    then the decision options (2 to 6 launches a side, 3 warm requests)."""
     more = [
         click.option("--out", default=None, help="output directory (default outputs/<command>/<timestamp>)"),
         click.option("-q", "--quiet", is_flag=True, help="do not print summary.md"),
@@ -276,8 +265,7 @@ EPILOG = (
 
 
 def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
-    """``--a``/``--b`` -> (EngineSpec, request dict or None) (:func:`perfkit.params.load_side`);
-    raises click.BadParameter naming the option and the file."""
+    """``--a``/``--b`` -> (EngineSpec, request dict or None); click.BadParameter naming option and file."""
     from perfkit.params import ParamsError, load_side
 
     try:

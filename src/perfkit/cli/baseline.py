@@ -40,12 +40,8 @@ def _refresh(baseline: str, unit_times: tuple[str, ...]) -> int:
     "shard outputs or merged runs (repeatable; instead of --bundle/--case)",
 )
 @click.option("--hardware", default=None, help="must match the file's metadata.hardware when it has one")
-@click.option(
-    "--launch", default=None, help="the launch to take (bundles of several launches: warmup17, cap1, ...)"
-)
-@click.option(
-    "--num-frames", type=int, default=None, help="one request shape of a launch that sent several shapes"
-)
+@click.option("--launch", help="the launch to take (bundles of several launches: warmup17, cap1, ...)")
+@click.option("--num-frames", type=int, help="one request shape of a launch that sent several shapes")
 def baseline_update_command(**kw: Any) -> None:
     """Write one case, derived from a bundle, into a baseline file (atomically)."""
     from perfkit.gate import baseline as bl

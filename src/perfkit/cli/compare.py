@@ -66,9 +66,7 @@ def _compare(run: str, baseline: str, case: str | None, profile: str, strict: bo
     + " Nothing in common with the baseline is an error (2).",
 )
 @click.option(
-    "--run",
-    default=None,
-    help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON",
+    "--run", help="a run directory, a bundle directory, a performance.log or an sglang perf dump JSON"
 )
 @file_option("--baseline", kind="baseline file", help="baseline JSON (sglang perf_baselines layout)")
 @click.option(

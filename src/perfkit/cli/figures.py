@@ -9,16 +9,15 @@ import click
 from perfkit.cli._common import done, fail
 from perfkit.common.exitcodes import EXIT_OK
 
-#: the width every help page of ``kind=commands`` is formatted at (independent of the terminal)
+#: the width ``kind=commands`` help pages are formatted at
 HELP_WIDTH = 100
 
 
 def _help_pages(
     cmd: click.Command, name: str, parent: click.Context | None = None
 ) -> list[tuple[str, click.Command, str]]:
-    """(command path, command, its --help text) of ``cmd`` and, for a group, of every subcommand;
-    each in a context under its group's, with its own context_settings, as click runs it (so a
-    subcommand shows the ``-h`` it inherits)."""
+    """(command path, command, its --help text) of ``cmd`` and its subcommands, each in a context
+    under its group's, as click runs it."""
     settings = {**cmd.context_settings, "terminal_width": HELP_WIDTH, "max_content_width": HELP_WIDTH}
     ctx = click.Context(cmd, info_name=name, parent=parent, **settings)
     pages = [(ctx.command_path, cmd, cmd.get_help(ctx))]
@@ -29,8 +28,7 @@ def _help_pages(
 
 
 def commands_markdown(block: object, root: Path) -> str:
-    """``kind=commands``: a table of every command (its first help line), then each command's
-    ``--help`` as printed, so the reference is click's own text."""
+    """``kind=commands``: a table of every command (its first help line), then each ``--help``."""
     from perfkit.cli import cli
 
     pages = _help_pages(cli, "perfkit")

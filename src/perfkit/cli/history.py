@@ -1,6 +1,5 @@
-"""``perfkit history add|import|check|changes|confirm|site``: performance history across commits, thin
-wrappers over :mod:`perfkit.history.check`, :func:`perfkit.bisect.search.run_confirm` and
-:func:`perfkit.report.history_site.write_site`."""
+"""``perfkit history add|import|check|changes|confirm|site``: performance history across commits
+(:mod:`perfkit.history.check`, :func:`perfkit.bisect.search.run_confirm`, the history site)."""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ def _history_call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 
 def _added(res: Any) -> None:
-    """Print what a store call added."""
     click.echo(f"{len(res.added)} run(s) added, {len(res.skipped)} already stored")
 
 
@@ -63,9 +61,7 @@ def history_add(runs: tuple[str, ...], store: str, commit: str | None, hardware:
 )
 @click.argument("path")
 @STORE
-@click.option(
-    "--hardware", default=None, help="hardware of these runs (required for nightly files: they do not say)"
-)
+@click.option("--hardware", help="hardware of these runs (required for nightly files: they do not say)")
 @click.option(
     "--baselines",
     "baselines",
@@ -154,9 +150,7 @@ def history_changes(store: str, hardware: str | None, case: str | None, as_json:
 @STORE
 @click.option("--hardware", default=None, help="the series' hardware (when stored for several)")
 @click.option(
-    "--metric",
-    default=None,
-    help="the A/B metric (default: the series', e.g. DenoisingStage_ms -> DenoisingStage)",
+    "--metric", help="the A/B metric (default: the series', e.g. DenoisingStage_ms -> DenoisingStage)"
 )
 @probe_options
 def history_confirm(series: str, change: str, **kw: Any) -> None:

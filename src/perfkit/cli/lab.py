@@ -25,10 +25,7 @@ from perfkit.measure import investigations
     help="fresh copies of the investigation notebooks bound to the bundles in DIR (launches nothing)",
 )
 @click.option(
-    "--dir",
-    "dir",
-    default=None,
-    help="the lab directory (default outputs/lab/<time>); must be outside the tracked tree",
+    "--dir", "dir", help="the lab directory (default outputs/lab/<time>); must be outside the tracked tree"
 )
 @click.option(
     "--only",

@@ -71,24 +71,17 @@ def _suite(kw: dict[str, Any]) -> int:
     return print_result(res, "perfkit suite")
 
 
-def _investigations_help() -> str:
-    """The registered investigations in run order, one line each, for ``perfkit suite --help``."""
-    lines = []
-    for s in registry.all_investigations():
-        off = "" if s.params_model.model_fields["enabled"].default else " [off by default]"
-        lines.append(f"  {s.name:14s} {s.title}: {s.question}{off}")
-    return "Investigations (each a params section of that name; --only picks them):\n\n\b\n" + "\n".join(
-        lines
-    )
-
-
 class _SuiteCommand(click.Command):
-    """``perfkit suite``: its help ends with the investigations registered when it is shown."""
+    """``perfkit suite``: its help ends with the registered investigations."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        lines = ["Investigations (each a params section of that name; --only picks them):\n\n\b"]
+        for s in registry.all_investigations():
+            off = "" if s.params_model.model_fields["enabled"].default else " [off by default]"
+            lines.append(f"  {s.name:14s} {s.title}: {s.question}{off}")
         formatter.write_paragraph()
         with formatter.indentation():
-            formatter.write_text(_investigations_help())
+            formatter.write_text("\n".join(lines))
         super().format_epilog(ctx, formatter)
 
 
