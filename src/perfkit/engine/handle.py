@@ -23,7 +23,7 @@ import psutil
 from perfkit.common.frames import latent_frames
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps
-from perfkit.engine.owner import StartedProcess, _cgroup_kill, _register, _running
+from perfkit.engine.owner import StartedProcess, _register, _running
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings import records as _records
 from perfkit.readings.memory import oom_record
@@ -359,7 +359,9 @@ class EngineHandle:
             procs[root] = self.label
         ended = {e.pid: e for e in _owner.end_processes(procs, grace_s)}
         if procs:
-            _cgroup_kill(self.cgroup_path)
+            with contextlib.suppress(OSError):  # cgroup.kill: Linux >= 5.14
+                if self.cgroup_path is not None:
+                    (self.cgroup_path / "cgroup.kill").write_text("1")
             _owner.kill_tree([self.pid], self._descendants(), signal.SIGKILL)
         mine = ended.get(self.pid)
         if mine is not None and mine.killed:
