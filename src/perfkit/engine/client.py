@@ -284,8 +284,7 @@ class AsyncVideoClient:
             except httpx.TimeoutException:
                 continue
             except httpx.TransportError as exc:
-                # a GET is safe to repeat (uvicorn drops a keep-alive connection whose loop was
-                # busy, e.g. gzipping a trace); a gone engine fails POLL_RETRIES times in a row
+                # a GET is safe to repeat (uvicorn drops a keep-alive connection whose loop was busy)
                 broken += 1
                 if broken <= POLL_RETRIES and not self._dead():
                     log.info("poll of %s lost its connection (%s), retrying", rid, type(exc).__name__)

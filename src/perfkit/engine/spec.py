@@ -297,8 +297,7 @@ class SglangEngine(_ServingEngine):
             argv += ["--enable-torch-compile"]
         given = list(self.server_args) + list(self.extra_args)
         if not any(a == "--output-path" or a.startswith("--output-path=") for a in given):
-            # sglang's default "outputs/" is relative to its cwd (server_args.py): keep the
-            # videos in the launch's directory (``d`` is its perf/), not where perfkit started
+            # sglang's default "outputs/" is relative to its cwd: the launch's directory instead
             given += ["--output-path", str(Path(d).parent / "outputs")]
         return argv + given
 
