@@ -109,7 +109,7 @@ def launch(
 
     argv = spec.command(port, perf_dir) + _sglang_ports(spec)
     env = _engine_env(spec, caps, perf_dir, port, cache)
-    gpus, gpu_indices, baseline = _engine_gpus(spec, env, label, nvml)
+    gpus = _engine_gpus(spec, env, label, nvml)
 
     (d / "command.txt").write_text(" ".join(argv) + "\n")
     log.info("launching %s: %s (logs in %s)", label, " ".join(argv), d)
@@ -120,19 +120,7 @@ def launch(
         create_time = 0.0
     _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
     handle = EngineHandle(
-        spec=spec,
-        label=label,
-        port=port,
-        pid=proc.pid,
-        command=argv,
-        run_dir=d,
-        caps=caps,
-        device_baseline_mib=baseline,
-        gpus=[dataclasses.asdict(g) for g in gpus],
-        gpu_indices=gpu_indices,
-        _nvml=nvml,
-        _proc=proc,
-        _create_time=create_time,
+        spec, label, port, proc.pid, argv, d, proc, caps=caps, _nvml=nvml, _create_time=create_time, **gpus
     )
     _LIVE[proc.pid] = handle
     start_error = None
@@ -174,10 +162,8 @@ def _engine_env(
     return {**os.environ, **added}
 
 
-def _engine_gpus(
-    spec: EngineSpec, env: dict[str, str], label: str, nvml: Any
-) -> tuple[list[Any], list[int], Any]:
-    """(GPUs by UUID, their NVML indices, device used MiB before launch); sets CUDA_DEVICE_ORDER."""
+def _engine_gpus(spec: EngineSpec, env: dict[str, str], label: str, nvml: Any) -> dict[str, Any]:
+    """The handle's GPUs by UUID, their NVML indices and device MiB used before launch."""
     from perfkit.readings.sampler.nvml import GpuResolveError, device_used_mib, resolve_visible_gpus
 
     n_gpus = spec.num_gpus if spec.kind != "command" else 1
@@ -189,8 +175,12 @@ def _engine_gpus(
     except GpuResolveError as exc:
         log.warning("%s: %s; sampling NVML indices 0..%d instead", label, exc, n_gpus - 1)
         gpus = []
-    gpu_indices = [g.index for g in gpus] or list(range(n_gpus))
-    return gpus, gpu_indices, device_used_mib(gpu_indices, nvml=nvml)
+    indices = [g.index for g in gpus] or list(range(n_gpus))
+    return {
+        "gpus": [dataclasses.asdict(g) for g in gpus],
+        "gpu_indices": indices,
+        "device_baseline_mib": device_used_mib(indices, nvml=nvml),
+    }
 
 
 def _start(argv: list[str], env: dict[str, str], label: str, d: Path) -> tuple[subprocess.Popen, LaunchClock]:
