@@ -1,8 +1,6 @@
-"""ResultBundle: one investigation run's data on disk (``outputs/RUN/<investigation>/``: ``meta.json``,
-``results.json``, one parquet file per table, ``records/<launch>.jsonl`` (raw performance.log
-lines), ``logs/``, ``traces/``), loadable anywhere. Bundle files are read only here
-(:meth:`ResultBundle.load`, :func:`read_results`, :func:`read_meta`); columns, units and
-versions: :mod:`perfkit.bundle_schema`, docs/DESIGN.md "Bundles".
+"""ResultBundle: one investigation run's data on disk (``outputs/RUN/<investigation>/``), loadable
+anywhere; bundle files are read only here. Columns, units and versions: :mod:`perfkit.bundle_schema`,
+docs/DESIGN.md "Bundles".
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ from perfkit.readings.sampler.nvml import gpu_facts
 
 log = logging.getLogger(__name__)
 
-# Redaction in linear time (docs/robustness.md, "Input limits"): split at whitespace once, patterns
-# that never backtrack (a backtracking ``[\w-]*token[\w-]*=`` took hours on a 1 MiB stderr line).
+# Redaction in linear time (docs/robustness.md, "Input limits"): patterns that never backtrack.
 _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|access[_-]?key|auth)", re.I)
 #: secret words a ``KEY=value`` or ``--flag value`` name holds (``auth``/``passwd`` only as keys)
 _SECRET_NAME = re.compile(r"token|secret|password|api[_-]?key|access[_-]?key", re.I)
@@ -56,9 +53,8 @@ IDENTITY_REQUEST = ("height", "width", "num_inference_steps")
 
 
 def _secret_name(name: str, *, dashed_only: bool = False) -> bool:
-    """Whether the name that ends ``name`` names a secret, as the earlier patterns read it: a
-    ``[\\w-]`` run holding a ``-`` followed by a secret word (``--hf-token``), or (unless
-    ``dashed_only``) a ``\\w`` run holding one (``HF_TOKEN``). One backwards walk: linear."""
+    """Whether the name ending ``name`` holds a secret word after a ``-`` (``--hf-token``) or,
+    unless ``dashed_only``, in its last ``\\w`` run (``HF_TOKEN``). One backwards walk: linear."""
     i = len(name)
     word_start = None
     while i > 0 and (name[i - 1] in _NAME_CHARS or name[i - 1].isalnum()):
@@ -83,8 +79,7 @@ def _secret_name(name: str, *, dashed_only: bool = False) -> bool:
 
 
 def _redact_token(tok: str) -> str:
-    """One whitespace-free token: the value after the first ``NAME=`` whose name holds a secret
-    word (``HF_TOKEN=x``, ``--api-key=x``) is replaced; the token is read once (linear)."""
+    """One whitespace-free token with the value after its first secret ``NAME=`` replaced."""
     start = 0
     while True:
         eq = tok.find("=", start)
@@ -96,9 +91,7 @@ def _redact_token(tok: str) -> str:
 
 
 def _redact_text(text: str) -> str:
-    """Secrets in free text: ``NAME=value`` tokens (:func:`_redact_token`), the word after a
-    ``--secret-flag`` and one space, and well-known token prefixes (hf_, sk-, ghp_). Linear in
-    ``len(text)`` on any input."""
+    """Secrets in free text: ``NAME=value``, ``--secret-flag value`` and hf_/sk-/ghp_ tokens."""
     if "=" not in text and "-" not in text and not any(p in text for p in ("hf_", "sk-", "ghp_")):
         return text
     parts = _SPACE.split(text)  # tokens at even indices, whitespace runs at odd ones
@@ -120,9 +113,8 @@ def _redact_text(text: str) -> str:
 
 
 def redact(obj: Any) -> Any:
-    """A copy with secrets replaced by ``***REDACTED***``: the values of keys that look like
-    secrets (token, secret, password, api key, access key, auth), ``--hf-token X``/``HF_TOKEN=X``
-    forms and hf_/sk-/ghp_ tokens in strings. Linear time on any input; long lines kept whole."""
+    """A copy with secrets (secret-looking keys' values, ``--hf-token X``, ``HF_TOKEN=X``, hf_/sk-/ghp_
+    tokens) replaced by ``***REDACTED***``; linear time on any input (docs/robustness.md)."""
     if isinstance(obj, dict):
         return {
             k: (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v))
@@ -146,8 +138,7 @@ def redact(obj: Any) -> Any:
 
 
 def environment_meta() -> dict[str, Any]:
-    """Facts needed to reproduce a run: versions, git commit and source digest
-    (:func:`perfkit.common.provenance.source_digest`), host, CPU count, GPU."""
+    """Facts needed to reproduce a run: versions, git commit and source digest, host, CPUs, GPU."""
     from perfkit.common.version import __version__ as perfkit_version
 
     meta: dict[str, Any] = {
@@ -170,7 +161,6 @@ def environment_meta() -> dict[str, Any]:
 
 
 def _nccl_version() -> str | None:
-    """NCCL's version as torch reports it (``torch.cuda.nccl.version()``), None without CUDA."""
     try:
         import torch
 
@@ -188,19 +178,9 @@ def _table_property(name: str, doc: str) -> Any:
 
 @dataclass
 class ResultBundle:
-    """One investigation's data; read tables through :meth:`table` (or the properties): every
-    declared column (:data:`TABLE_SCHEMAS`; ms, s, MiB, GiB) in its dtype.
-
-    Attributes:
-        investigation: the investigation's registered name, or ``ab`` for an A/B side's bundle.
-        meta: reproduction facts (:func:`environment_meta`), caps, params, commands.
-        results: investigation-derived results (JSON-serialisable dict).
-        tables: name -> DataFrame (may lack declared columns; an undeclared one is a ValueError).
-        records: launch label -> raw performance.log lines (JSON strings).
-        logs: file name -> text of engine logs.
-        traces: file name -> where the file is now (copied under ``traces/`` on :meth:`save`).
-        path: where it was saved/loaded, if anywhere.
-    """
+    """One investigation's data (investigation ``ab`` for an A/B side); read tables through
+    :meth:`table` or the properties: every declared column (:data:`TABLE_SCHEMAS`) in its dtype.
+    records: launch -> raw performance.log lines; logs, traces: file name -> text, path."""
 
     investigation: str
     meta: dict[str, Any] = field(default_factory=dict)
@@ -212,13 +192,8 @@ class ResultBundle:
     path: Path | None = None
 
     def table(self, name: str) -> pd.DataFrame:
-        """Table ``name`` with every declared column (missing ones all-NA) in its declared
-        dtype; an absent table is an empty frame with those columns.
-
-        Raises:
-            KeyError: ``name`` is not a declared table.
-            ValueError: the table holds a column its declaration lacks.
-        """
+        """Table ``name`` with every declared column (missing ones all-NA) in its dtype; KeyError:
+        not a declared table; ValueError: the table holds an undeclared column."""
         if name not in TABLE_SCHEMAS:
             raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}")
         df = conform(name, self.tables.get(name))
@@ -233,8 +208,7 @@ class ResultBundle:
     launches = _table_property("launches", "one row per engine launch; cold start parts in s, peaks in MiB")
 
     def measured_requests(self, launch: str | None = None) -> pd.DataFrame:
-        """Completed request rows that are not the startup warmup (``index != WARMUP_INDEX``),
-        of one launch when given. Times in ms, memory in MiB (see :data:`TABLE_SCHEMAS`)."""
+        """Completed request rows that are not the startup warmup, of one launch when given."""
         req = self.requests
         if req.empty:
             return req
@@ -244,12 +218,8 @@ class ResultBundle:
         return req[mask.to_numpy(bool)]
 
     def save(self, path: str | Path) -> Path:
-        """Write the bundle under ``path`` (created) at :data:`SCHEMA_VERSION`, every table as
-        declared. Returns the directory.
-
-        Raises:
-            ValueError: a table holds an undeclared column (the message names table and column).
-        """
+        """Write the bundle under ``path`` at :data:`SCHEMA_VERSION`; returns the directory.
+        ValueError naming table and column: a table holds an undeclared column."""
         tables = {name: conform(name, self.tables.get(name)) for name in TABLES}  # check first
         d = Path(path)
         d.mkdir(parents=True, exist_ok=True)
@@ -288,16 +258,9 @@ class ResultBundle:
 
     @classmethod
     def load(cls, path: str | Path) -> "ResultBundle":
-        """Load a bundle directory; an older schema (1) is upgraded in memory
-        (:mod:`perfkit.bundle_schema`), the files left as they are.
-
-        Raises:
-            FileNotFoundError: ``path`` has no meta.json.
-            ValueError: meta.json or results.json is not a JSON object (:func:`_read_object`),
-                its schema version is not an integer >= 1 or newer than this perfkit, its
-                investigation not a name, or a table has an undeclared column or too many rows
-                (the message names the file and key).
-        """
+        """Load a bundle directory (an older schema upgraded in memory). FileNotFoundError: no
+        meta.json; ValueError naming file and key: a file not a bundle's (bad JSON, schema version,
+        investigation name, undeclared column, too many rows)."""
         d = Path(path)
         meta_p = d / "meta.json"
         meta = read_meta(d)
@@ -327,8 +290,7 @@ class ResultBundle:
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """Bundle directory ``path``'s meta.json, checked as :meth:`ResultBundle.load` checks it
-    (not upgraded). Raises FileNotFoundError without one, ValueError as :func:`_read_object`."""
+    """Bundle directory ``path``'s meta.json, checked, not upgraded; raises as :meth:`ResultBundle.load`."""
     meta_p = Path(path) / "meta.json"
     if not meta_p.exists():
         raise FileNotFoundError(f"{path} is not a result bundle: no meta.json")
@@ -338,11 +300,8 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def identity_differences(
     recorded: dict[str, Any], engine: dict[str, Any] | None, request: dict[str, Any] | None
 ) -> list[str]:
-    """How ``engine`` / ``request`` (None: not compared) differ from a bundle's recorded
-    ``meta["params"]`` on :data:`IDENTITY_SPEC` and :data:`IDENTITY_REQUEST`, one
-    ``"engine.preset: given 'tiny', measured with 'ltx-2b'"`` a difference; a part the bundle
-    does not record is not compared (hand-made bundles). The suite's ``--replay`` and a
-    notebook's ``bundle_dir`` both check with it."""
+    """How ``engine`` / ``request`` (None: not compared) differ from a bundle's ``meta["params"]``
+    on the identity keys: ``"engine.preset: given 'tiny', measured with 'ltx-2b'"`` each."""
     out = []
     for where, given, had, keys in (
         ("engine", engine, recorded.get("spec"), IDENTITY_SPEC),
@@ -358,8 +317,7 @@ def identity_differences(
 
 
 def read_results(path: str | Path) -> dict[str, Any]:
-    """Bundle directory ``path``'s results.json as :meth:`ResultBundle.load` gives it, without
-    its tables; {} when there is none. Raises ValueError naming the file."""
+    """Bundle directory ``path``'s results.json, upgraded ({} without one); ValueError naming the file."""
     d = Path(path)
     meta_p = d / "meta.json"
     return _results(d, _version(_read_object(meta_p), meta_p, default=1) if meta_p.exists() else 1)
@@ -373,15 +331,13 @@ def _results(d: Path, version: int) -> dict[str, Any]:
     return upgrade_results(results, _version(results, res_p, default=version))
 
 
-#: an investigation's name as perfkit writes it (``cold_warm``, ``ab``): letters, digits, ``_.-``
 _INVESTIGATION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-#: a bundle's meta.json and results.json are a few KiB to a few MiB; larger is not a bundle
+#: a bundle's JSON files are a few KiB to a few MiB
 MAX_JSON_BYTES = 256 * 2**20
 
 
 def _read_object(path: Path) -> dict[str, Any]:
-    """A bundle JSON file that must hold an object. Raises ValueError naming ``path`` (and line):
-    invalid UTF-8 or JSON, too deep, over :data:`MAX_JSON_BYTES`, a key twice, a 20-digit integer."""
+    """A bundle JSON file's object; ValueError naming ``path`` (and line) for anything else."""
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: {size:,} bytes, over the limit of {MAX_JSON_BYTES:,} for a bundle file")
@@ -405,15 +361,12 @@ def _read_object(path: Path) -> dict[str, Any]:
 
 
 def _bundle_int(digits: str) -> int:
-    """``json.loads``'s ``parse_int`` for bundle files: no value perfkit writes has 20 digits."""
     if len(digits.lstrip("-")) > 20:
         raise ValueError(f"an integer of {len(digits)} digits ({digits[:12]}…) is not a bundle value")
     return int(digits)
 
 
 def _version(doc: Any, path: Path, default: int) -> int:
-    """The ``schema_version`` of a loaded JSON file (``default`` when absent). Raises ValueError
-    naming ``path`` when it is newer than :data:`SCHEMA_VERSION` or not an integer."""
     raw = doc.get("schema_version", default) if isinstance(doc, dict) else default
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         raise ValueError(f"{path}: schema_version {raw!r} is not a schema version (an integer >= 1)")
@@ -428,8 +381,8 @@ def _version(doc: Any, path: Path, default: int) -> int:
 def sub_bundle(
     bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None, skip_first: bool = False
 ) -> ResultBundle:
-    """The part of a bundle from one launch and/or one request frame count (the selected
-    launch's startup warmup rows kept); ``skip_first`` drops the first measured request."""
+    """The part of a bundle from one launch and/or frame count (warmup rows kept); ``skip_first``
+    drops the first measured request."""
     req = bundle.requests
     if req.empty:
         return bundle
@@ -469,14 +422,12 @@ def rows_of(df: pd.DataFrame, keys: set[tuple[Any, str]]) -> pd.DataFrame:
 
 
 def table_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """A table's rows as dicts with ``pd.NA`` (a missing value of a nullable column) as None;
-    float NaN stays NaN."""
+    """A table's rows as dicts with ``pd.NA`` as None (float NaN stays NaN)."""
     return [{k: (None if v is pd.NA else v) for k, v in r.items()} for r in df.to_dict("records")]
 
 
 def cold_request_covered(bundle: ResultBundle) -> bool:
-    """Whether the first measured request has the latent shape the startup warmup ran (False
-    without a warmup; True when shapes are unknown, as sglang's baseline dump keeps them)."""
+    """Whether the first measured request has a latent shape the startup warmup ran (unknown: True)."""
     req = bundle.requests
     if req.empty or req["latent_shape"].isna().all():
         return True
@@ -491,8 +442,7 @@ def cold_request_covered(bundle: ResultBundle) -> bool:
 
 
 def steady_state(bundle: ResultBundle, *, launch: Any = None, num_frames: int | None = None) -> ResultBundle:
-    """The slice of ``bundle`` a baseline case holds (:func:`sub_bundle`), without the first
-    measured request when the startup warmup did not cover it (:func:`cold_request_covered`)."""
+    """The slice a baseline case holds, without the first measured request the warmup did not cover."""
     sel = sub_bundle(bundle, launch=launch, num_frames=num_frames)
     return sub_bundle(sel, skip_first=not cold_request_covered(sel))
 

@@ -1,11 +1,6 @@
-"""The check rows investigations emit and the gate judges (:class:`Check`: an invariant within a run,
-or a baseline metric by sglang's rule), and their tables. Statuses: ``pass``, ``fail``, ``new``
-(a case the baseline lacks), ``improved`` (faster than the baseline by more than its improvement
-threshold), ``inconclusive`` (over its limit, but its noise interval is not: neither a pass nor a
-regression), ``skipped`` (not measured: never a pass). And values an engine may not report
-(:func:`is_reported`, ``reported_*``): NA is "not reported", never 0 or False; a sum or an "any"
-over requests is known only when every request reported it (sglang's records carry no compile
-counts, compile times, recompile-limit flag or host RSS; only the reference engine's do).
+"""The check rows investigations emit and the gate judges (:class:`Check`; statuses: docs/suite.md),
+and values an engine may not report (:func:`is_reported`, ``reported_*``): NA is "not reported",
+never 0 or False; a sum or an "any" over requests is known only when every request reported it.
 """
 
 from __future__ import annotations
@@ -24,23 +19,10 @@ NOT_MEASURED = "not measured"
 
 @dataclass
 class Check:
-    """One checked metric.
-
-    Attributes:
-        case: case id (baseline rows) or the investigation's name (invariants).
-        metric: ``stages_ms.<stage>``, ``denoise_step_ms.<i>``, ``expected_e2e_ms``, ... or the
-            invariant's metric name (``warm_cold_ratio``, ``cap_held[12GiB]``).
-        expected: the baseline value (ms or MiB) or the invariant's limit.
-        actual: the measured value; None when it was not measured (then ``status`` is
-            ``skipped``, never ``pass``).
-        bound: the value ``actual`` is held to: ``max(expected*(1+tol), expected+pad)`` for a
-            baseline metric (sglang's rule), the limit for an invariant.
-        status: one of :data:`STATUSES`.
-        reason: why, in words (``"3.4 > 3, but its lower bound 1.2 <= 3: noise could flip it"``).
-        lower: an invariant's value at the low end of its noise interval (the run's own spread),
-            when one was measured: over the limit only when the value is, a failure needs it.
-        snippet: for ``improved``, the JSON fragment to paste into the case's baseline entry.
-    """
+    """One checked metric: case id (or the investigation's name), baseline value or limit, measured
+    value (None: ``skipped``), ``bound`` (sglang's ``max(expected*(1+tol), expected+pad)`` or the
+    limit), a status of :data:`STATUSES`; lower: the low end of its noise interval; snippet: for
+    ``improved``, the JSON fragment for the case's baseline entry."""
 
     case: str
     metric: str
@@ -54,17 +36,15 @@ class Check:
 
 
 def number(v: Any) -> float | None:
-    """A finite float, or None for None/NaN/inf/bool/text/non-numbers (a number written as
-    text, ``"12"``, is not read as 12)."""
+    """A finite float, or None for None/NaN/inf/bool/text (``"12"`` too)/non-numbers."""
     return None if isinstance(v, (bool, str, bytes)) else json_float(v)
 
 
 def check_max(
     case: str, metric: str, value: Any, limit: float, what: str = "", lower: Any = None, noise: str = ""
 ) -> Check:
-    """``value <= limit``: over it, ``fail`` only when ``lower`` (the low end of its noise
-    interval, e.g. a one-sided 95 % bound; ``noise`` says whence) is over too, else
-    ``inconclusive``; without ``lower`` the value decides; ``skipped`` when value is missing."""
+    """``value <= limit``: over it, ``fail`` only when ``lower`` (its noise interval's low end,
+    ``noise`` says whence) is over too, else ``inconclusive``; ``skipped`` when value is missing."""
     v, lo = number(value), number(lower)
     tail = (f" ({what})" if what else "") + (f"; {noise}" if noise and lo is not None else "")
     if v is None:
@@ -105,8 +85,7 @@ def check_flag(case: str, metric: str, value: Any, want: bool, detail: str = "")
 
 
 def check_table(rows: Iterable[Check | Mapping[str, Any]]) -> pd.DataFrame:
-    """Check rows as a DataFrame with :data:`CHECK_COLUMNS`
-    (case, metric, expected, actual, bound, status, reason)."""
+    """Check rows as a DataFrame with :data:`CHECK_COLUMNS`."""
     dicts = (r.__dict__ if isinstance(r, Check) else dict(r) for r in rows)
     return pd.DataFrame([{c: d.get(c) for c in CHECK_COLUMNS} for d in dicts], columns=CHECK_COLUMNS)
 
@@ -116,8 +95,8 @@ COMPARED = ("pass", "fail", "improved", "new")
 
 
 def overall_status(df: pd.DataFrame) -> str:
-    """``"fail"`` when any row failed, else ``"inconclusive"`` when a row is, else ``"skipped"``
-    when no row compared anything (never a pass), else ``"pass"``; no rows: ``"pass"``."""
+    """``fail`` if any row is, else ``inconclusive`` if any, else ``skipped`` when no row compared
+    anything, else (no rows too) ``pass``."""
     if df.empty:
         return "pass"
     if (df["status"] == "fail").any():
@@ -134,8 +113,7 @@ NOT_REPORTED_REASON = "not measured: the engine reported no compile counts (sgla
 
 
 def is_reported(v: Any) -> bool:
-    """False for None, NaN, ``pd.NA`` and ``NaT`` (not reported); True for any other value, 0 and
-    False included."""
+    """False for None, NaN, ``pd.NA`` and ``NaT``; True for any other value, 0 and False included."""
     try:
         return not bool(pd.isna(v)) if pd.api.types.is_scalar(v) else True
     except (TypeError, ValueError):
@@ -143,11 +121,7 @@ def is_reported(v: Any) -> bool:
 
 
 def reported_count(v: Any) -> int | None:
-    """A count as an int (``numpy.int64`` and a whole float included); None when not reported.
-
-    Raises:
-        ValueError: a value that is no whole number >= 0 (text, a fraction, a negative number).
-    """
+    """A count as an int (None: not reported); ValueError for anything but a whole number >= 0."""
     if not is_reported(v):
         return None
     if isinstance(v, bool):
@@ -164,9 +138,8 @@ def reported_flag(v: Any) -> bool | None:
 
 
 def reported_sum(values: Iterable[Any], *, count: bool = False) -> int | float | None:
-    """The sum of ``values`` when every one was reported (and there is at least one), else None:
-    a sum over requests some of which did not report is not known. ``count``: an int sum of
-    counts (:func:`reported_count`)."""
+    """The sum of ``values`` when there are some and every one was reported, else None;
+    ``count``: an int sum of counts (:func:`reported_count`)."""
     vals = list(values)
     if not vals or not all(map(is_reported, vals)):
         return None
@@ -176,8 +149,7 @@ def reported_sum(values: Iterable[Any], *, count: bool = False) -> int | float |
 
 
 def reported_any(values: Iterable[Any]) -> bool | None:
-    """True when some value is true; False when every value was reported and none is; None
-    when none is true and some were not reported (or there are none)."""
+    """True when some value is true; False when every value was reported and none is; else None."""
     vals = list(values)
     if any(is_reported(v) and bool(v) for v in vals):
         return True

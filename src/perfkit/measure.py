@@ -18,7 +18,7 @@ import click
 from perfkit.common import jsonsafe
 from perfkit.common.exitcodes import run_click
 from perfkit.engine.client import VideoRequestSpec
-from perfkit.engine.handle import EngineExitedError, EngineStartError
+from perfkit.engine.handle import EngineStartError
 from perfkit.engine.owner import Watch, become_subreaper, describe
 from perfkit.investigations import registry
 from perfkit.investigations.registry import RunContext
@@ -82,7 +82,7 @@ def measure(
                 s.check_bundle(bundle)
                 summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
             except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
-                known = isinstance(exc, (registry.InvestigationError, EngineStartError, EngineExitedError))
+                known = isinstance(exc, (registry.InvestigationError, EngineStartError))
                 # a named failure (an engine lost, bad input) is one line; anything else its traceback
                 (log.error if known else log.exception)("%s failed: %s", name, exc)
                 error = f"{type(exc).__name__}: {exc}"

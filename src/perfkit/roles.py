@@ -1,6 +1,5 @@
-"""Request roles in the design doc's words (startup warmup ``index == WARMUP_INDEX``, cold index 0,
-first of a new shape, warm), from a bundle's requests and launches tables; the plots, notebook
-tables and root-cause panel label requests with them.
+"""Request roles in the design doc's words (startup warmup, cold, first of a new shape, warm) from a
+bundle's requests and launches tables: the labels of plots, notebook tables and root-cause panel.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ def launches_of(df: pd.DataFrame) -> list[Any]:
 
 
 def request_label(index: Any) -> str:
-    """``"cold"`` for index 0, ``"warm #i"`` for index i >= 1, ``"warmup"`` for the startup
-    warmup (``WARMUP_INDEX``, -1). Index only; :func:`request_roles` also knows the shape."""
+    """``cold`` for index 0, ``warm #i`` for i >= 1, ``warmup`` for the startup warmup (index only)."""
     try:
         i = int(index)
     except (TypeError, ValueError):
@@ -39,7 +37,6 @@ def request_label(index: Any) -> str:
     return f"warm #{i}"
 
 
-#: request roles (:func:`request_roles`)
 ROLE_WARMUP = "startup warmup"
 ROLE_COLD = "cold"
 ROLE_NEW_SHAPE = "first of a new shape"
@@ -62,22 +59,11 @@ def _shape_key(r: Mapping[str, Any]) -> str:
 
 
 def request_roles(requests: pd.DataFrame | None, launches: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The role and shape of every request, per launch in index order: ``startup warmup``,
-    ``cold`` (index 0), ``first of a new shape`` (a latent shape neither the warmup nor an
-    earlier request ran; else frames x height x width), else ``warm``, numbered per shape.
-
-    Args:
-        requests: the bundle's requests table (launch, request_id, index, num_frames, ...).
-        launches: the launches table; its ``warmup_latent_shape`` counts as run by the warmup
-            when the warmup request itself is not in ``requests``.
-
-    Returns:
-        one row per request with ``launch``, ``request_id``, ``index``, ``frames`` (Int64),
-        ``shape``, ``role``, ``new_shape`` (bool: the warmup and earlier requests had not run
-        its shape), ``label`` (``"warm #3 · 25 frames"``, ``"first of a new shape · 25
-        frames"``, ``"cold · 17 frames"``) and ``short`` (the role alone: ``"warm #3"``,
-        ``"new shape"``, ``"cold"``, ``"warmup"``); empty (same columns) for no requests.
-    """
+    """One row per request, per launch in index order: ``launch``, ``request_id``, ``index``,
+    ``frames`` (Int64), ``shape`` (latent, else frames x height x width), ``role`` (``startup
+    warmup``, ``cold``, ``first of a new shape`` when neither the warmup (or ``launches``'
+    ``warmup_latent_shape``) nor an earlier request ran it, else ``warm``), ``new_shape``,
+    ``label`` (``"warm #3 · 25 frames"``) and ``short`` (``"warm #3"``, ``"new shape"``)."""
     cols = ["launch", "request_id", "index", "frames", "shape", "role", "new_shape", "label", "short"]
     if requests is None or requests.empty or "index" not in requests.columns:
         return pd.DataFrame(columns=cols)

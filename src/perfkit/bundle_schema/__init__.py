@@ -1,8 +1,6 @@
-"""The declared tables of a :class:`perfkit.bundle.ResultBundle` (:data:`TABLES`: every column
-once, with its pandas dtype, unit and one line of doc), the bundle files' version, a frame cast
-to its declaration (:func:`conform`) and older bundles read as the current schema (version 1:
-``*_mb`` columns, ``t``/``t_start``/``t_end``, a ``tag`` column, ``gpu_util_pct``; files on disk
-are never rewritten). The naming and unit rules: docs/DESIGN.md, "Bundles".
+"""The declared tables of a :class:`perfkit.bundle.ResultBundle` (:data:`TABLES`), the bundle
+files' version, a frame cast to its declaration (:func:`conform`) and older bundles read as the
+current schema in memory. The naming and unit rules: docs/DESIGN.md, "Bundles".
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ import pandas as pd
 #: version of the bundle files this perfkit writes (meta.json and results.json)
 SCHEMA_VERSION = 2
 
-#: ``index`` of a startup warmup request (requests, stages, steps); measured requests have
-#: index >= 0 (0 = the cold request of a launch)
+#: ``index`` of a startup warmup request; measured requests have index >= 0 (0: the cold one)
 WARMUP_INDEX = -1
 
 #: allowed units of a column
@@ -31,8 +28,7 @@ UNIT_SUFFIX = {"ms": "ms", "s": "s", "MiB": "mib", "GiB": "gib", "MHz": "mhz", "
 
 @dataclass(frozen=True)
 class Column:
-    """One declared column: ``name``, pandas ``dtype`` (``"float64"``, ``"Int64"``,
-    ``"string"``, ``"boolean"``), ``unit`` (one of :data:`UNITS`) and one line of ``doc``."""
+    """One declared column: pandas ``dtype`` and ``unit`` (one of :data:`UNITS`)."""
 
     name: str
     dtype: str
@@ -42,24 +38,19 @@ class Column:
 
 @dataclass(frozen=True)
 class Table:
-    """One declared table: a name, a line of doc and its columns (in file order)."""
-
     name: str
     doc: str
     columns: tuple[Column, ...]
-    #: added after its schema version without a bump: a bundle saved before the table existed
-    #: has no file for it (read as empty; merge notes it instead of calling it lost data)
+    #: added within its schema version: an older bundle has no file for it (read as empty)
     additive: bool = False
 
     @property
     def names(self) -> list[str]:
-        """Column names, in order."""
         return [c.name for c in self.columns]
 
 
 def _table(name: str, doc: str, rows: str, additive: bool = False) -> Table:
-    """Table ``name`` from ``rows``: a column a line, ``name dtype unit doc`` (an indented line
-    continues the doc above it)."""
+    """Table ``name`` from ``rows``: ``name dtype unit doc`` a line (indented: the doc goes on)."""
     lines = [ln for ln in re.sub(r"\n +", " ", rows).split("\n") if ln]
     return Table(name, doc, tuple(Column(*ln.split(None, 3)) for ln in lines), additive)
 
@@ -231,8 +222,7 @@ TABLE_NAMES = tuple(TABLES)
 
 
 def unit_of_suffix(name: str) -> str | None:
-    """The unit a column name claims by its last ``_``-separated word (``"e2e_ms"`` -> ``"ms"``,
-    ``"ms"`` -> ``"ms"``, ``"host_cap_gib"`` -> ``"GiB"``), or None."""
+    """The unit a column name claims by its last ``_``-separated word (``e2e_ms``: ms), or None."""
     return {suffix: unit for unit, suffix in UNIT_SUFFIX.items()}.get(name.rsplit("_", 1)[-1])
 
 
@@ -262,7 +252,6 @@ def _cast(s: pd.Series, dtype: str) -> pd.Series:
     frac = num[num.notna() & (num != num.round())] if num.dtype.kind == "f" else num[:0]
     if len(frac):  # 1.5 as a request index was rounded to 2: another request's row
         raise ValueError(f"column {s.name!r} holds {float(frac.iloc[0])!r}, not an integer ({dtype})")
-    # integers that came as floats (NaN-padded) or strings
     return num.round().astype("Int64") if num.dtype.kind == "f" else num.astype(dtype)
 
 
@@ -271,14 +260,9 @@ def _missing(v: Any) -> bool:
 
 
 def conform(name: str, df: pd.DataFrame | None) -> pd.DataFrame:
-    """``df`` as table ``name`` declares it: every declared column, in order, cast to its dtype
-    (a missing one all-NA).
-
-    Raises:
-        KeyError: ``name`` is not a declared table.
-        ValueError: an undeclared column (named with its table), or a number column holding a
-            value that is not a number (or a fraction in an integer column).
-    """
+    """``df`` with every declared column of table ``name``, in order, in its dtype (missing: all-NA).
+    KeyError: not a declared table; ValueError: an undeclared column, or a non-number in a number
+    column (a fraction in an integer one)."""
     table = TABLES[name]
     df = pd.DataFrame() if df is None else df
     extra = [c for c in df.columns if c not in table.names]
@@ -300,8 +284,7 @@ MAX_ROWS = 5_000_000
 
 
 def check_rows(name: str, df: pd.DataFrame) -> None:
-    """Raise ValueError when a measured request (``index >= 0``) or one of its stages has two rows
-    in table ``name`` (a duplicated row was summed into a stage time, or compared as the request)."""
+    """ValueError when a measured request or one of its stages has two rows in table ``name``."""
     keys = ROW_KEYS.get(name)
     if keys is None or df.empty:
         return
@@ -314,7 +297,6 @@ def check_rows(name: str, df: pd.DataFrame) -> None:
 
 # --------------------------------------------------------------------------- version 1
 def _v1(*names: str) -> dict[str, str]:
-    """{version 1 name: ``name``}: a ``_mib`` name was ``_mb``, an ``_s`` epoch time had no suffix."""
     return {n[:-2] + "b" if n.endswith("_mib") else n[:-2]: n for n in names}
 
 
@@ -326,17 +308,13 @@ V1_COLUMN_RENAMES: dict[str, dict[str, str]] = {
     "memory": _v1("t_s"),
     "launches": _v1("load_peak_mib", "load_peak_allocated_mib", "warmup_peak_mib"),
 }
-#: results.json: list key -> {version 1 key of its entries: version 2 key}
-V1_RESULTS_ENTRY_RENAMES: dict[str, dict[str, str]] = {
-    "caps": _v1("peak_reserved_mib", "peak_allocated_mib", "load_peak_mib")
-}
-_V1_WARMUP_TAG = "warmup"
+#: results.json's ``caps`` entries: {version 1 key: version 2 key}
+V1_CAPS_RENAMES = _v1("peak_reserved_mib", "peak_allocated_mib", "load_peak_mib")
 
 
 def sampler_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """A :class:`perfkit.readings.sampler.MemorySampler` frame (``t``, ``gpu_util_pct``) in the
-    memory table's columns (``t_s``, ``gpu_util_fraction`` = pct / 100). Frames already in
-    the table's columns pass unchanged."""
+    memory table's columns; frames already in them pass unchanged."""
     df = frame.rename(columns=V1_COLUMN_RENAMES["memory"])
     if "gpu_util_pct" in df.columns:
         df = df.assign(gpu_util_fraction=pd.to_numeric(df["gpu_util_pct"], errors="coerce") / 100.0)
@@ -345,19 +323,15 @@ def sampler_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def upgrade_table(name: str, df: pd.DataFrame, version: int) -> pd.DataFrame:
-    """``df`` of table ``name`` written by schema ``version``, in the current columns.
-
-    Version 1: columns renamed (:data:`V1_COLUMN_RENAMES`), ``gpu_util_pct`` -> fraction, and the
-    ``tag`` column folded into ``index`` (a row tagged ``warmup`` gets :data:`WARMUP_INDEX`) and
-    dropped. Values are otherwise unchanged (MiB stay MiB, seconds stay seconds).
-    """
+    """``df`` of table ``name`` written by schema ``version``, in the current columns (version 1:
+    renamed, ``gpu_util_pct`` as a fraction, ``tag`` ``warmup`` as :data:`WARMUP_INDEX`)."""
     if version >= SCHEMA_VERSION or df is None:
         return df
     out = df.rename(columns=V1_COLUMN_RENAMES.get(name, {}))
     if name == "memory":
         out = sampler_frame(out)
     if "tag" in out.columns and name in ("requests", "stages", "steps"):
-        warm = out["tag"].astype("string").str.lower() == _V1_WARMUP_TAG
+        warm = out["tag"].astype("string").str.lower() == "warmup"
         if "index" in out.columns and warm.fillna(False).any():
             out = out.copy()
             out.loc[warm.fillna(False).to_numpy(bool), "index"] = WARMUP_INDEX
@@ -366,15 +340,8 @@ def upgrade_table(name: str, df: pd.DataFrame, version: int) -> pd.DataFrame:
 
 
 def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, Any]:
-    """results.json written by schema ``version``, with the current keys (a new dict).
-
-    Version 1: entries of ``caps`` (memory_budget) get ``peak_reserved_mib``,
-    ``peak_allocated_mib`` and ``load_peak_mib`` for the ``_mb`` keys (values in MiB, unchanged);
-    the verdicts it recorded (``thresholds``, and ``passed``/``threshold`` of each leak check) are
-    dropped: checks are judged again from the measured values against the invariants of the
-    replay, so a recorded verdict cannot contradict the gate.
-    Idempotent: already current keys pass unchanged; ``schema_version`` is dropped.
-    """
+    """results.json written by schema ``version``, with the current keys (a new dict, without
+    ``schema_version``); version 1's recorded verdicts are dropped: replay judges checks again."""
     out = {k: v for k, v in dict(results or {}).items() if k != "schema_version"}
     if version >= SCHEMA_VERSION:
         return out
@@ -384,10 +351,9 @@ def upgrade_results(results: Mapping[str, Any], version: int = 1) -> dict[str, A
             {k: v for k, v in c.items() if k not in ("passed", "threshold")} if isinstance(c, dict) else c
             for c in out["leak_checks"]
         ]
-    for key, renames in V1_RESULTS_ENTRY_RENAMES.items():
-        entries = out.get(key)
-        if isinstance(entries, list):
-            out[key] = [
-                {renames.get(k, k): v for k, v in e.items()} if isinstance(e, dict) else e for e in entries
-            ]
+    if isinstance(out.get("caps"), list):
+        out["caps"] = [
+            {V1_CAPS_RENAMES.get(k, k): v for k, v in e.items()} if isinstance(e, dict) else e
+            for e in out["caps"]
+        ]
     return out

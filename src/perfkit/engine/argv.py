@@ -1,6 +1,5 @@
 """What an engine spec's fields turn into: normalised field input, the reference engine's argv,
 the checks that what a spec names exists, and the package versions in the engine's own Python.
-Plain functions over a spec's fields, called by :mod:`perfkit.engine.spec`.
 """
 
 from __future__ import annotations
@@ -14,14 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: the reference engine's components with their own offload mode (``--offload-<component>``),
-#: in argv order
+#: the reference engine's components with their own offload mode (``--offload-<component>``)
 OFFLOAD_COMPONENTS = ("transformer", "text_encoder", "vae")
 
 
 def argv_list(v: Any) -> Any:
-    """An argv field's input: a string is split like a shell would; numbers in a list become
-    strings (YAML reads ``--ulysses-degree, 2`` as an int); anything else is left to validation."""
+    """An argv field's input: a string split like a shell would, numbers in a list as strings."""
     if isinstance(v, str):
         return shlex.split(v)
     if isinstance(v, (list, tuple)):
@@ -30,8 +27,7 @@ def argv_list(v: Any) -> Any:
 
 
 def env_strings(v: Any) -> Any:
-    """An ``env`` field's input: scalar keys and values as strings (YAML reads ``1`` as an int);
-    anything else is left to validation."""
+    """An ``env`` field's input: scalar keys and values as strings (YAML reads ``1`` as an int)."""
     if not isinstance(v, Mapping):
         return v
     scalar = (str, int, float, bool)
@@ -42,8 +38,7 @@ def env_strings(v: Any) -> Any:
 
 
 def percent_map(v: Any) -> Any:
-    """A name -> percent mapping's input: ``"30%"`` / ``"30"`` / ``30`` -> ``30.0`` (YAML ints
-    too: the model is strict). Raises ValueError naming the key of a value that is no percent."""
+    """A name -> percent mapping's input: ``"30%"``, ``"30"``, ``30`` -> ``30.0``; ValueError naming it."""
     if not isinstance(v, Mapping):
         return v
     out: dict[Any, Any] = {}
@@ -60,10 +55,9 @@ def percent_map(v: Any) -> Any:
 
 
 def reference_argv(spec: Any, port: int, d: str) -> list[str]:
-    """``python -m perfkit.refengine ...`` for a :class:`perfkit.engine.spec.ReferenceEngine`
-    listening on ``port`` and writing records under ``d``; its ``extra_args`` last."""
+    """``python -m perfkit.refengine ...``: each set field as its flag, ``extra_args`` last."""
 
-    def valued(*names: str) -> list[str]:  # ``--field-name value`` for each field that is set
+    def valued(*names: str) -> list[str]:
         return [
             x
             for n in names
@@ -71,7 +65,7 @@ def reference_argv(spec: Any, port: int, d: str) -> list[str]:
             for x in (f"--{n.replace('_', '-')}", str(v))
         ]
 
-    def on(*names: str) -> list[str]:  # ``--field-name`` for each flag that is true
+    def on(*names: str) -> list[str]:
         return [f"--{n.replace('_', '-')}" for n in names if getattr(spec, n)]
 
     argv = [sys.executable, "-m", "perfkit.refengine", "--preset", spec.preset, "--host", spec.host]
@@ -108,9 +102,8 @@ def check_model_path(spec: Any) -> None:
 
 
 def check_sglang(spec: Any) -> None:
-    """An sglang spec's executable must be on PATH (its module importable, for the ``python -m``
-    form) and a local-looking ``model_path`` must exist (a bare hub id ``org/name`` that is not a
-    local directory is accepted). Raises FileNotFoundError naming the field."""
+    """An sglang spec's executable must be on PATH (its ``-m`` module importable) and a
+    ``model_path`` not a hub id must exist; FileNotFoundError naming the field."""
     executable, model_path = spec.executable, spec.model_path
     exe = executable[0]
     if shutil.which(exe) is None:
@@ -136,8 +129,7 @@ def check_sglang(spec: Any) -> None:
 
 
 def check_command(spec: Any) -> None:
-    """A command spec's program (its argv's first item, unless a placeholder) must be found
-    (FileNotFoundError)."""
+    """A command spec's program (unless a placeholder) must be found (FileNotFoundError)."""
     exe = spec.command_template[0]
     if "{" not in exe and shutil.which(exe) is None:
         raise FileNotFoundError(f"EngineSpec.command: program {exe!r} not found")
@@ -166,7 +158,6 @@ def _module_importable(python: str, module: str) -> bool:
 
 
 def _is_hub_id(s: str) -> bool:
-    """``org/name`` (one slash, no leading ./ ~ /) and not an existing local path."""
     if not s or s.startswith(("/", ".", "~")) or Path(s).exists():
         return False
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", s) is not None
@@ -177,9 +168,7 @@ ENGINE_PACKAGES = ("sglang", "torch", "diffusers", "transformers")
 
 
 def engine_python(command: list[str]) -> str | None:
-    """The Python interpreter an engine command runs in: the command's first item when it is
-    a ``python*`` executable, else the interpreter of its ``#!`` line (a console script such
-    as ``.sglang-venv/bin/sglang``); None when neither (a binary, a shell wrapper)."""
+    """The Python an engine command runs in: a ``python*`` first item, else its ``#!`` line's; or None."""
     exe = shutil.which(command[0]) if command else None
     if exe is None:
         return None
@@ -198,10 +187,8 @@ def engine_python(command: list[str]) -> str | None:
 
 
 def engine_versions(command: list[str], timeout_s: float = 30.0) -> dict[str, Any]:
-    """Versions of :data:`ENGINE_PACKAGES` in the Python an engine command runs in
-    (:func:`engine_python`), read from package metadata by it (nothing imported). Returns
-    ``{"python": path, "sglang": "0.5.23", ...}`` (None: not installed), or ``{"error": why}``
-    when the interpreter is unknown or the query failed (never perfkit's own versions)."""
+    """``{"python": path, "sglang": "0.5.23", ...}`` (None: not installed) from the metadata of the
+    Python an engine command runs in, or with ``"error": why`` when unknown or failed."""
     import json
     import subprocess
 

@@ -1,7 +1,6 @@
-"""MemoryCaps: device and host memory budgets -> the engine's environment, and the host
-budget enforced from outside (a cgroup v2 child with ``memory.max``, else a PSS watchdog).
-Going over the cap is a result, not a hang: :class:`CapOutcome` says ``exceeded``. See
-docs/suite.md ("Measurement rules") and docs/robustness.md.
+"""MemoryCaps: device and host memory budgets -> the engine's environment, and the host budget
+enforced from outside (a cgroup v2 child with ``memory.max``, else a PSS watchdog); going over is
+:class:`CapOutcome` ``exceeded``. See docs/suite.md ("Measurement rules") and docs/robustness.md.
 """
 
 from __future__ import annotations
@@ -27,19 +26,17 @@ log = logging.getLogger(__name__)
 
 GIB = 2**30
 #: the largest fraction of time the watchdog reads PSS for its check while RSS > cap >= PSS
-#: (docs/suite.md, "Measurement rules")
 CHECK_PSS_DUTY = 0.05
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "none")
 _CAPS_FIELDS = ("device_gib", "host_gib", "label", "host_enforcement", "interval_s")
 
 
 def cgroup2_available() -> bool:
-    """True when this process has a cgroup v2 directory (``/proc/self/cgroup``'s ``0::`` line)."""
+    """True when this process has a cgroup v2 directory."""
     return _own_v2() is not None
 
 
 def _own_v2() -> tuple[Path, Path] | None:
-    """(hierarchy root, this process's directory) of its cgroup v2 (None: none)."""
     return next(((top, d) for kind, top, d in _DEFAULT_READER.own_cgroups() if kind == "cgroup-v2"), None)
 
 
@@ -55,7 +52,6 @@ class _Cgroup:
         for parent in candidates:
             path = parent / f"perfkit-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:
-                # may already be on, or not allowed; the child's controllers tell
                 with contextlib.suppress(OSError):
                     (parent / "cgroup.subtree_control").write_text("+memory")
                 path.mkdir()
@@ -88,25 +84,10 @@ class _Cgroup:
 
 @dataclass(unsafe_hash=True)
 class MemoryCaps:
-    """Device and host memory budgets for one engine launch.
-
-    Args:
-        device_gib: device (GPU) budget in GiB, or None for no cap.
-        host_gib: host budget in GiB, or None for no cap.
-        label: display label (default: derived, ``unlimited``, ``12GiB dev``, ``32GiB host`` or
-            ``12GiB dev + 32GiB host``).
-        host_enforcement: ``auto`` (cgroup where possible, else watchdog), ``cgroup``
-            (fail when not possible), ``watchdog`` or ``none`` (environment only).
-        interval_s: watchdog sampling interval (s).
-
-    Attributes:
-        host_effective_gib: the host budget in force after :meth:`resolve` (GiB; ``host_gib``
-            before it, None without a host cap); ``host_clamp``: why it is lower (None: not).
-        resolved: :meth:`resolve` made this object.
-
-    Raises:
-        ValueError: a budget that is not a positive number, an unknown ``host_enforcement``, an
-            ``interval_s`` outside [0.01, 5].
+    """Device and host memory budgets for one launch (GiB, None: no cap). host_enforcement:
+    ``auto`` (cgroup, else watchdog), ``cgroup``, ``watchdog`` or ``none`` (environment only);
+    host_effective_gib, host_clamp: the budget in force after :meth:`resolve` and why it is lower.
+    ValueError: a budget not positive, an unknown enforcement, ``interval_s`` outside [0.01, 5].
     """
 
     device_gib: float | None = None
@@ -138,13 +119,8 @@ class MemoryCaps:
         self.label = self.label or " + ".join(parts) or "unlimited"
 
     def resolve(self, reader: HostMemoryReader | None = None) -> "MemoryCaps":
-        """A copy with the host budget clamped to min(``host_gib``, every cgroup ``memory.max`` /
-        v1 ``memory.limit_in_bytes`` above this process, MemTotal), GiB; a clamp is logged and
-        kept in ``host_effective_gib`` / ``host_clamp``. ``reader``: default this host's.
-
-        Raises:
-            MemoryReadError: a limit file or /proc/meminfo could not be read as a number.
-        """
+        """A copy with the host budget clamped to min(``host_gib``, every cgroup limit above this
+        process, MemTotal); MemoryReadError when one could not be read as a number."""
         out = replace(self)
         out.resolved = True
         if self.host_gib is None:
@@ -163,8 +139,7 @@ class MemoryCaps:
         return self.device_gib is None and self.host_gib is None
 
     def env(self) -> dict[str, str]:
-        """Environment variables telling the engine its budgets (GiB; the host one is the
-        effective budget once :meth:`resolve` clamped it)."""
+        """Environment variables telling the engine its budgets (GiB; the host one in force)."""
         gib = {
             "PERFKIT_CAP_DEVICE_MEMORY_GIB": self.device_gib,
             "SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB": self.device_gib,
@@ -180,7 +155,7 @@ class MemoryCaps:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "MemoryCaps":
-        """Inverse of :meth:`to_dict`. Raises ValueError for unknown fields or bad values."""
+        """Inverse of :meth:`to_dict`; ValueError for unknown fields or bad values."""
         d = dict(d or {})
         resolved = "host_effective_gib" in d or "host_clamp" in d
         eff = d.pop("host_effective_gib", None)
@@ -195,17 +170,9 @@ class MemoryCaps:
             out.host_clamp = clamp
         return out
 
-    def start(
-        self,
-        pid: int,
-        name: str = "engine",
-    ) -> "HostCapEnforcer":
-        """Start enforcing the effective host budget on the process tree rooted at ``pid``.
-
-        Raises:
-            MemoryReadError: the host's limits could not be read (see :meth:`resolve`).
-            OSError: ``host_enforcement="cgroup"`` and no cgroup could be made.
-        """
+    def start(self, pid: int, name: str = "engine") -> "HostCapEnforcer":
+        """Start enforcing the host budget in force on ``pid``'s tree; MemoryReadError (see
+        :meth:`resolve`), OSError (``host_enforcement="cgroup"`` and no cgroup could be made)."""
         caps = self if self.resolved else self.resolve()
         enf = HostCapEnforcer(
             pid,
@@ -222,20 +189,9 @@ class MemoryCaps:
 
 @dataclass
 class CapOutcome:
-    """What happened with the host budget during one launch.
-
-    Attributes:
-        enforcement: ``cgroup``, ``watchdog`` or ``none``.
-        exceeded: the engine went over the host cap (and was killed).
-        message: ``host memory cap exceeded: X GiB > Y GiB`` when exceeded, else a short note.
-        peak_rss_gib: highest RSS summed over the process tree (GiB; over-counts shared pages).
-        peak_pss_gib: highest PSS of the process tree (GiB; None: not read).
-        peak_cgroup_gib: highest ``memory.current``/``memory.peak`` of its cgroup (GiB; None).
-        host_cap_gib, host_cap_asked_gib: the cap in force and as asked (GiB; None: no cap).
-        host_cap_clamp: why the cap in force is below the ask (None: not clamped).
-        mechanism: ``cgroup``, ``watchdog-pss``, ``watchdog-rss`` or ``none``.
-        host_source: where the host figures came from: ``cgroup``, ``pss``, ``rss`` or ``none``.
-    """
+    """What happened with the host budget during one launch (GiB; None: not read or no cap).
+    peak_rss_gib sums the tree's RSS (over-counts shared pages); mechanism: ``cgroup``,
+    ``watchdog-pss``, ``watchdog-rss`` or ``none``; host_source: ``cgroup``, ``pss``, ``rss``, ``none``."""
 
     enforcement: str = "none"
     exceeded: bool = False
@@ -251,20 +207,9 @@ class CapOutcome:
 
 
 class HostCapEnforcer:
-    """Enforces a host budget on a process tree (its cgroup's ``memory.current``, else the
-    tree's PSS) and tracks its peak; made by :meth:`MemoryCaps.start`. ``outcome`` is live; call
-    :meth:`stop` before ending the engine on purpose (not a cap event).
-
-    Args:
-        pid: root of the engine's process tree.
-        host_gib: the cap in force (GiB; None: only track the peak).
-        mode, interval_s: as :class:`MemoryCaps`' ``host_enforcement``, ``interval_s``.
-        name: used in the cgroup's name.
-        asked_gib, clamp: recorded in the outcome.
-
-    Raises:
-        OSError: ``mode="cgroup"`` and no cgroup could be made.
-    """
+    """Enforces a host budget (GiB; None: only track the peak) on a process tree (its cgroup, else
+    its PSS); made by :meth:`MemoryCaps.start`. ``outcome`` is live; call :meth:`stop` before
+    ending the engine on purpose. OSError: ``mode="cgroup"`` and no cgroup could be made."""
 
     def __init__(
         self,
@@ -329,7 +274,6 @@ class HostCapEnforcer:
 
     @property
     def cgroup_path(self) -> Path | None:
-        """The engine's own cgroup directory (None: it has none)."""
         return self._cgroup.path if self._cgroup is not None else None
 
     def start(self) -> None:
@@ -360,8 +304,7 @@ class HostCapEnforcer:
         pids: list[int] = [self.pid]
         while not self._stop.is_set():
             now = time.monotonic()
-            # rescan the tree every 0.5 s (1 s when only tracking the peak)
-            if now >= refresh:
+            if now >= refresh:  # rescan the tree
                 pids = self.reader.tree_pids(self.pid)
                 refresh = now + (0.5 if watch else 1.0)
                 for pid in pids:
@@ -381,8 +324,7 @@ class HostCapEnforcer:
                 tm = None
             if tm is not None and tm.root_alive:  # kept even when the root exits before the PSS read
                 o.peak_rss_gib = max(o.peak_rss_gib, tm.rss_mib / 1024)
-            # PSS reads stall the engine (docs/suite.md): only when the cap may be crossed or
-            # within the peak's budget
+            # PSS reads stall the engine (docs/suite.md): only near the cap or within the peak's budget
             over = watch and tm is not None and tm.rss_mib / 1024 > cap
             check = over and (check_budget.due(now) or tm.rss_mib - last_rss > cap * 1024 - last_pss)
             if pss and tm is not None and tm.root_alive and (check or peak_budget.due(now)):

@@ -1,8 +1,6 @@
-"""The client of sglang's video API (``POST /v1/videos``, then poll ``GET /v1/videos/{id}``),
-which the reference engine answers too: :class:`AsyncVideoClient` (a semaphore bounds the
-requests in flight, as sglang's ``bench_serving --max-concurrency``), :class:`VideoClient` (its
-synchronous face on a loop thread of its own, so it runs inside a Jupyter kernel too, plus the
-request's performance.log line), :func:`closed_loop`, :func:`open_loop` and :func:`job_fields`.
+"""The client of sglang's video API (``POST /v1/videos``, then poll ``GET /v1/videos/{id}``):
+:class:`AsyncVideoClient`, :class:`VideoClient` (its synchronous face on a loop thread of its own,
+so it runs in a Jupyter kernel too), :func:`closed_loop`, :func:`open_loop`. docs/robustness.md.
 """
 
 from __future__ import annotations
@@ -28,14 +26,13 @@ TERMINAL = ("completed", "failed", "error", "cancelled")
 POLL_RETRIES = 3
 #: how often (s) a client given ``alive`` checks the engine during an HTTP call
 ALIVE_EVERY_S = 0.1
-#: how long (s) ``GET /health`` may take after a request timed out before the engine counts as
-#: stopped answering (a client given ``alive``: a stopped or hung engine whose process runs)
+#: how long (s) ``GET /health`` may take after a request timed out before the engine counts as lost
 HEALTH_AFTER_TIMEOUT_S = 5.0
 
 
 @dataclass
 class VideoRequestSpec:
-    """A request's fields (sglang's /v1/videos names). Pixels, frames, steps."""
+    """A request's fields (sglang's /v1/videos names)."""
 
     prompt: str = "a cat walks on the beach at sunset, cinematic"
     num_frames: int | None = None
@@ -53,7 +50,7 @@ class VideoRequestSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VideoRequestSpec":
-        """Build from a params mapping; unknown keys go to ``extra``."""
+        """From a params mapping; unknown keys go to ``extra``."""
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "extra"}
         extra = {k: v for k, v in d.items() if k not in cls.__dataclass_fields__}
         return cls(**known, extra=extra)
@@ -61,16 +58,8 @@ class VideoRequestSpec:
 
 @dataclass(frozen=True)
 class JobFields:
-    """What a job JSON (``GET /v1/videos/{id}``) says of the job; None: not in it (or null).
-    sglang 0.5.23 (``multimodal_gen/runtime/entrypoints/openai/video_api.py``) writes whole epoch
-    seconds (``int(time.time())``: a span between them is only good to 1 s) and no start time.
-
-    Attributes:
-        created_at_s, completed_at_s: epoch s, whole seconds.
-        inference_time_s: the pipeline's total duration, s (null until done and for failed jobs).
-        peak_memory_mib: the device's peak, MiB (null on a CPU).
-        started_at_s: epoch s (the reference engine's ``perfkit_times.started``; sglang: None).
-    """
+    """What a job JSON says of the job (None: not in it). sglang 0.5.23 (``video_api.py``) writes
+    whole epoch seconds and no start time (started_at_s: the reference engine's ``perfkit_times``)."""
 
     created_at_s: int | None = None
     completed_at_s: int | None = None
@@ -80,7 +69,7 @@ class JobFields:
 
 
 def _job_number(body: dict[str, Any], key: str, *path: str) -> float | None:
-    """``body[key][path...]`` as a finite number >= 0, else None (a bad value logged, never 0)."""
+    """``body[key][path...]`` as a finite number >= 0, else None (a bad value logged)."""
     v: Any = body.get(key)
     for p in path:
         v = v.get(p) if isinstance(v, dict) else None
@@ -94,7 +83,7 @@ def _job_number(body: dict[str, Any], key: str, *path: str) -> float | None:
 
 
 def job_fields(body: dict[str, Any]) -> JobFields:
-    """The job JSON's own fields (:class:`JobFields`), each as written or None."""
+    """The job JSON's own fields, each as written or None."""
     created, completed = (_job_number(body, k) for k in ("created_at", "completed_at"))
     return JobFields(
         created_at_s=None if created is None else int(created),
@@ -107,21 +96,9 @@ def job_fields(body: dict[str, Any]) -> JobFields:
 
 @dataclass
 class RequestOutcome:
-    """What happened to one request, client side.
-
-    Attributes:
-        request_id: server id ('' when the submit itself failed).
-        status: ``completed``, ``failed``, ``rejected`` (4xx on submit), ``timeout`` or ``error``
-            (the engine lost, or gone before it was sent).
-        t_submit, t_end: client clock, epoch seconds (submit sent; terminal status seen).
-        http_status: status code of the submit, or of the poll that ended it (0: no answer).
-        error: error text from the server or the transport.
-        body: the last job JSON.
-        record: the matching performance.log record (:class:`VideoClient`), when found.
-        slot: the caller's index of the request (arrival order in an open loop).
-        t_arrival: when the request was due (open loop), epoch seconds; None otherwise.
-        in_flight_at_submit: requests of this client in flight when this one was submitted.
-    """
+    """What happened to one request, client side (epoch s). status: ``completed``, ``failed``,
+    ``rejected`` (4xx on submit), ``timeout`` or ``error`` (the engine lost); request_id '' when the
+    submit failed; http_status 0: no answer; t_arrival: when due (open loop)."""
 
     request_id: str
     status: str
@@ -141,12 +118,11 @@ class RequestOutcome:
 
     @property
     def job(self) -> JobFields:
-        """The last job JSON's own fields (:func:`job_fields`)."""
         return job_fields(self.body)
 
     @property
     def client_ms(self) -> float:
-        """Submit to terminal status as the client saw it (ms)."""
+        """Submit to terminal status, ms."""
         return (self.t_end - self.t_submit) * 1000.0
 
 
@@ -163,24 +139,10 @@ def _json_object(resp: httpx.Response) -> dict[str, Any] | None:
 
 
 class AsyncVideoClient:
-    """Async client for one engine, at most ``max_in_flight`` requests in flight.
-
-    Args:
-        base_url: e.g. ``http://127.0.0.1:30000``.
-        max_in_flight: the bound (>= 1) on requests submitted and not yet terminal.
-        timeout_s: per request, submit to terminal status (no HTTP call waits past it).
-        poll_s: polling interval of ``GET /v1/videos/{id}`` (s) while the job runs; a job the
-            engine reports ``queued`` is polled every ``queued_every`` x ``poll_s``.
-        alive: whether the engine's process still runs, checked every :data:`ALIVE_EVERY_S`
-            during each HTTP call: once False, requests in flight end at once (``error``) and no
-            later one is sent; a request that times out is then followed by ``GET /health``
-            (:data:`HEALTH_AFTER_TIMEOUT_S`, docs/robustness.md; no answer: :attr:`lost_why`).
-        queued_every: see ``poll_s`` (docs/load.md).
-
-    Use as ``async with AsyncVideoClient(url, 4) as c: out = await c.generate(spec, slot=0)``.
-
-    Raises:
-        ValueError: ``max_in_flight`` < 1.
+    """Async client for one engine, at most ``max_in_flight`` (>= 1, else ValueError) requests
+    in flight (sglang bench_serving's ``--max-concurrency``); a ``queued`` job is polled every
+    ``queued_every`` x ``poll_s`` (docs/load.md). ``alive``: once False, requests end at once
+    (``error``) and none is sent; a timeout is then followed by ``GET /health`` (docs/robustness.md).
     """
 
     def __init__(
@@ -203,7 +165,6 @@ class AsyncVideoClient:
         self.in_flight = 0
         self.alive = alive
         self.lost = False  # the engine was seen dead: nothing more is sent
-        #: why the engine counts as lost (None: alive, or seen dead by ``alive``)
         self.lost_why: str | None = None
         self._sem = asyncio.Semaphore(max_in_flight)
         limits = httpx.Limits(max_connections=max_in_flight + 2, max_keepalive_connections=max_in_flight + 2)
@@ -218,8 +179,7 @@ class AsyncVideoClient:
         await self.http.aclose()
 
     async def health(self, timeout_s: float | None = None) -> bool:
-        """True when ``GET /health`` answers 200 (within ``timeout_s``, default the client's
-        30 s); False for any other answer or none."""
+        """True when ``GET /health`` answers 200 within ``timeout_s`` (default 30 s)."""
         import httpx  # here, not at the top: only where a request is sent (a replay sends none)
 
         kw = {} if timeout_s is None else {"timeout": timeout_s}
@@ -237,7 +197,6 @@ class AsyncVideoClient:
         return self.lost
 
     async def _call(self, coro: Any) -> Any:
-        """Await an HTTP call; raise :class:`_Lost` as soon as the engine is seen dead."""
         if self.alive is None:
             return await coro
         task = asyncio.ensure_future(coro)
@@ -251,8 +210,7 @@ class AsyncVideoClient:
     async def generate(
         self, spec: VideoRequestSpec, slot: int = 0, t_arrival: float | None = None
     ) -> RequestOutcome:
-        """Wait for a free slot, submit, poll to a terminal status. Never raises for server-side
-        failures or a lost engine: they come back as the outcome's status and error."""
+        """Submit when a slot is free, poll to a terminal status; failures come back as the outcome."""
         async with self._sem:
             self.in_flight += 1
             try:
@@ -277,8 +235,7 @@ class AsyncVideoClient:
             )
 
         def left() -> httpx.Timeout:
-            # no single HTTP call outlives the request's deadline (a stopped engine accepts the
-            # connection and never answers)
+            # no HTTP call outlives the deadline (a stopped engine accepts and never answers)
             s = max(0.2, deadline - time.perf_counter())
             return httpx.Timeout(min(30.0, s), connect=min(5.0, s))
 
@@ -327,8 +284,7 @@ class AsyncVideoClient:
             except httpx.TimeoutException:
                 continue
             except httpx.TransportError as exc:
-                # a GET is safe to repeat (uvicorn drops a keep-alive connection whose loop was
-                # busy, e.g. gzipping a trace); a gone engine fails POLL_RETRIES times in a row
+                # a GET is safe to repeat (uvicorn drops a keep-alive connection whose loop was busy)
                 broken += 1
                 if broken <= POLL_RETRIES and not self._dead():
                     log.info("poll of %s lost its connection (%s), retrying", rid, type(exc).__name__)
@@ -355,10 +311,8 @@ class AsyncVideoClient:
 
 
 class VideoClient:
-    """Synchronous face of :class:`AsyncVideoClient` (one request at a time, on an event loop of
-    its own thread), then the request's record from ``perf_log_dir`` (None: no lookup).
-    ``timeout_s``: per request (s); ``poll_s``: polling interval (s), queued or running.
-    """
+    """Synchronous face of :class:`AsyncVideoClient` (one request at a time), plus the request's
+    record from ``perf_log_dir`` (None: no lookup)."""
 
     def __init__(
         self,
@@ -383,8 +337,7 @@ class VideoClient:
             raise
 
     def close(self) -> None:
-        """Close the connections and end the client's thread, in at most about 10 s (an
-        interrupted request is cancelled, never waited for)."""
+        """Close the connections and end the client's thread, in at most about 10 s."""
         try:
             self._run(self.aio.http.aclose(), timeout=5.0)
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:
@@ -401,13 +354,10 @@ class VideoClient:
         self.close()
 
     def health(self) -> bool:
-        """True when ``GET /health`` answers 200."""
         return self._run(self.aio.health())
 
     def generate(self, spec: VideoRequestSpec, record_timeout_s: float = 10.0) -> RequestOutcome:
-        """Submit, poll to a terminal status, then find the record (of a completed or failed
-        job). Never raises for server-side failures: they come back as the outcome's status
-        and error."""
+        """Submit, poll to a terminal status, find the record; failures come back as the outcome."""
         out = self._run(self.aio.generate(spec))
         if self.perf_log_dir is not None and out.request_id and out.status in ("completed", "failed"):
             out.record = self.wait_record(out.request_id, record_timeout_s)
@@ -442,9 +392,8 @@ def _error_text(resp: httpx.Response) -> str:
 async def closed_loop(
     client: AsyncVideoClient, requests: Sequence[VideoRequestSpec], concurrency: int
 ) -> list[RequestOutcome]:
-    """``concurrency`` workers, each sending its next request as soon as its last one ended
-    (sglang bench_serving's ``--max-concurrency`` with every request due at once), until
-    ``requests`` are all sent. Returns the outcomes in request order."""
+    """``concurrency`` workers, each sending its next request when its last one ended (sglang
+    bench_serving's ``--max-concurrency``); the outcomes in request order."""
     pending = list(enumerate(requests))
     out: list[RequestOutcome | None] = [None] * len(pending)
 
@@ -460,9 +409,8 @@ async def closed_loop(
 async def open_loop(
     client: AsyncVideoClient, requests: Sequence[VideoRequestSpec], arrivals_s: Sequence[float]
 ) -> list[RequestOutcome]:
-    """Send request i at ``arrivals_s[i]`` seconds after the start (e.g. Poisson arrivals),
-    whatever is still in flight (up to the client's bound). Returns outcomes in arrival order,
-    each with its due time ``t_arrival`` (epoch seconds)."""
+    """Send request i at ``arrivals_s[i]`` s after the start, whatever is in flight (up to the
+    client's bound); outcomes in arrival order."""
     t0 = time.time()
 
     async def one(i: int, spec: VideoRequestSpec, at: float) -> RequestOutcome:

@@ -1,8 +1,6 @@
-"""A running engine (:class:`EngineHandle`): URLs, liveness, logs, the cold start parts from the
-engine's own lines, the OS and /health (:func:`cold_start_parts`; ``perfkit-mark`` lines,
-:func:`parse_marks`, an optional extra), records, the sampler, its launches row, and its
-teardown; engines still live at interpreter exit are ended. What starting or talking to one
-raises: :class:`EngineStartError`, :class:`PortInUseError`, :class:`EngineExitedError`.
+"""A running engine (:class:`EngineHandle`): liveness, logs, records, sampler, launches row and
+teardown (engines live at exit are ended); its cold start parts (:func:`cold_start_parts`) and
+what starting one raises (:class:`EngineStartError`, :class:`PortInUseError`).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import psutil
 from perfkit.common.frames import latent_frames
 from perfkit.engine import owner as _owner
 from perfkit.engine.caps import CapOutcome, HostCapEnforcer, MemoryCaps
-from perfkit.engine.owner import StartedProcess, _cgroup_kill, _register, _running
+from perfkit.engine.owner import StartedProcess, _register, _running
 from perfkit.engine.spec import EngineSpec
 from perfkit.readings import records as _records
 from perfkit.readings.memory import oom_record
@@ -35,17 +33,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False, repr=False)
 class EngineStartError(RuntimeError):
-    """The engine did not become ready: it exited, timed out, or could not be started.
-
-    Attributes:
-        exit_code: the process exit code (negative: killed by that signal), None if still running
-            or never started.
-        log_tail: the last lines of its stdout+stderr.
-        cap_outcome: the host cap outcome (None without a launch).
-        run_dir: the launch directory holding the logs (None: not made yet).
-        end: how the engine ended (:attr:`EngineHandle.end`: ``how``, ``signal``, ``by_perfkit``,
-            ``oom``), set once it was torn down; None before a launch.
-    """
+    """The engine did not become ready: it exited, timed out, or could not be started. exit_code:
+    negative for a signal, None if not ended; run_dir: None before it was made; end:
+    :attr:`EngineHandle.end` once torn down."""
 
     message: str
     exit_code: int | None = None
@@ -62,10 +52,6 @@ class PortInUseError(EngineStartError):
     """The fixed port of the spec is taken."""
 
 
-class EngineExitedError(RuntimeError):
-    """The engine is no longer running (see :meth:`EngineHandle.raise_if_dead`)."""
-
-
 MARK_RE = re.compile(r"perfkit-mark[ \t]+(\w+)\b[^\n]*?(?<![\w])t=([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?\d+)?)")
 
 
@@ -80,10 +66,9 @@ def _kill_live_at_exit() -> None:
 
 
 def parse_marks(text: str) -> dict[str, float]:
-    """``perfkit-mark <name> t=<epoch s>`` lines -> name -> t (the first of each name; one mark
-    per line, the first). Linear in ``len(text)``."""
+    """``perfkit-mark <name> t=<epoch s>`` lines -> name -> t (the first of each name and line)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():  # one try per line, at its first mark: linear on any log
+    for line in text.splitlines():  # one try per line, at its first mark: linear
         i = line.find("perfkit-mark")
         m = MARK_RE.match(line, i) if i >= 0 else None
         if m is not None:
@@ -97,8 +82,7 @@ SERVER_LOAD_RE = re.compile(r"\[server-load\] workers_ready_monotonic_ns=(\d+)(?
 
 
 def parse_server_load(text: str) -> int | None:
-    """The first ``[server-load] workers_ready_monotonic_ns=<int>`` value (ns on the host's
-    CLOCK_MONOTONIC), or None when the log has none. Linear in ``len(text)``."""
+    """The first ``[server-load] workers_ready_monotonic_ns`` value (ns, CLOCK_MONOTONIC) or None."""
     m = SERVER_LOAD_RE.search(text)
     return int(m.group(1)) if m else None
 
@@ -111,9 +95,8 @@ WARMUP_REQ_RE = re.compile(r"\b(?:server )?warmup req \((\d+)x(\d+)(?:x(\d+)f)?,
 
 @dataclass(frozen=True)
 class WarmupShape:
-    """One startup warmup request's shape from sglang's log. width, height: pixels; num_frames:
-    the frames it ran, after sglang's own frame rule (1 for an image); steps: denoising steps it
-    ran; default_steps: the model's default steps it stands in for (None when equal to steps)."""
+    """One startup warmup request's shape from sglang's log (pixels; num_frames after sglang's
+    frame rule, 1 for an image); default_steps: the model's steps it stands in for (None: = steps)."""
 
     width: int
     height: int
@@ -123,14 +106,12 @@ class WarmupShape:
 
     @property
     def latent_frames(self) -> int:
-        """Latent frames by LTX frame math (:func:`perfkit.common.frames.latent_frames`)."""
         return latent_frames(self.num_frames)
 
 
 def parse_warmup_shapes(text: str) -> list[WarmupShape]:
-    """The distinct shapes of sglang's startup warmup requests in an engine log (its ``server
-    warmup req (WxHxNf, S/D steps)`` lines, sglang 0.5.23: docs/sglang.md), in order of first
-    appearance ([] when the log shows none); ``ran out of memory`` segments are skipped."""
+    """The distinct shapes of an engine log's ``server warmup req (WxHxNf, S/D steps)`` lines (sglang
+    0.5.23, docs/sglang.md) in first-seen order, skipping ``ran out of memory`` segments."""
     out: dict[tuple[int, int, int], WarmupShape] = {}  # the first of each shape
     for seg in re.split(r"[\r\n]", text):
         if "warmup req" not in seg or "ran out of memory" in seg:
@@ -143,8 +124,7 @@ def parse_warmup_shapes(text: str) -> list[WarmupShape]:
 
 
 def boot_start_s(pid: int) -> float | None:
-    """When process ``pid`` was created, s on CLOCK_BOOTTIME (``/proc/<pid>/stat`` starttime,
-    10 ms ticks; psutil's ``create_time`` rounds the boot time); None without /proc or once gone."""
+    """When ``pid`` was created, s on CLOCK_BOOTTIME (``/proc/<pid>/stat``, 10 ms ticks); None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read().decode("ascii", "replace")
@@ -155,9 +135,8 @@ def boot_start_s(pid: int) -> float | None:
 
 @dataclass(frozen=True)
 class LaunchClock:
-    """Clocks read at launch, for the cold start parts. t_launch: epoch s; mono_ns: CLOCK_MONOTONIC
-    ns; boot_s: CLOCK_BOOTTIME s (all taken just before the process was started); pid_boot_s: the
-    process's creation on CLOCK_BOOTTIME (:func:`boot_start_s`; None: not read)."""
+    """Clocks read just before the start (epoch s, CLOCK_MONOTONIC ns, CLOCK_BOOTTIME s) and the
+    process's creation on CLOCK_BOOTTIME (:func:`boot_start_s`)."""
 
     t_launch: float
     mono_ns: int
@@ -175,21 +154,10 @@ def cold_start_parts(
     health: dict[str, Any] | None = None,
     engine: str = "the engine",
 ) -> dict[str, Any]:
-    """The cold start and its parts, each from the engine's own output where it gives one.
-
-    Args:
-        marks: ``perfkit-mark`` name -> epoch s (an optional extra source: used only for a part
-            nothing else measures).
-        t_launch, t_ready: epoch s of the launch and of the first ``/health`` 200.
-        log_text: the engine's logs (sglang's ``[server-load]`` line).
-        clock: the clocks read at launch (None: no OS or monotonic source).
-        health: ``first_status`` (the first HTTP answer's status) and ``t_first_503`` (epoch s of
-            the first 503, None when none was seen), from perfkit's poll of ``/health``.
-        engine: the engine's name in reasons (``sglang``).
-
-    Returns: ``ready_s``, ``process_start_s``, ``models_loaded_s``, ``warmup_s`` (s, None when
-    not measured; sources as in docs/DESIGN.md "cold start"), ``sources`` (part -> source, or
-    ``not reported by <engine>: <reason>``), ``t_launch``, ``t_ready``, ``marks``.
+    """The cold start parts (docs/DESIGN.md "cold start"): ``ready_s``, ``process_start_s``,
+    ``models_loaded_s``, ``warmup_s`` (s, None: not measured), ``sources`` (part -> source or
+    ``not reported by <engine>: <why>``), ``t_launch``, ``t_ready`` (epoch s), ``marks``. ``health``:
+    the poll's ``first_status`` and ``t_first_503``; ``marks`` fill only parts nothing else measures.
     """
     health = health or {}
     src: dict[str, str] = {}
@@ -249,28 +217,9 @@ def _tail_file(path: Path, n: int) -> list[str]:
 
 @dataclass
 class EngineHandle:
-    """A running engine.
-
-    Attributes:
-        spec: the EngineSpec.
-        label: launch label.
-        port, base_url: where it answers (``http://spec.host:port``).
-        pid: root process id, also its process group's.
-        command: the exact argv.
-        run_dir: this launch's directory (``<run_dir>/<label>``).
-        perf_log_dir: where the engine writes ``performance.log``.
-        stdout_path, stderr_path: engine log files.
-        caps: the MemoryCaps after :meth:`MemoryCaps.resolve` (None: none given).
-        cold_start: :func:`cold_start_parts` (s; t_launch, t_ready epoch s).
-        device_baseline_mib: device used memory read before launch (NaN without NVML).
-        gpus: the engine's GPUs by NVML ({index, uuid, name} each; [] without NVML).
-        gpu_indices: the NVML indices its sampler reads (without NVML the first ``num_gpus``).
-        exit_code: set when the process has ended.
-        end: set at teardown, how the engine ended (docs/robustness.md "How it ended"): ``how``
-            (words), ``exit_code``, ``signal`` (None unless killed by one), ``by_perfkit``,
-            ``after_s`` (SIGTERM until gone, s), ``stopped``, ``oom`` (the OOM-kill record, :func:`perfkit.readings.memory.oom_record`, when
-            a signal not sent by perfkit ended it; else None).
-    """
+    """A running engine; pid is also its process group's. device_baseline_mib: used before launch
+    (NaN without NVML); gpus: {index, uuid, name} by NVML; end: set at teardown (docs/robustness.md
+    "How it ended": how, exit_code, signal, by_perfkit, after_s, stopped, oom)."""
 
     spec: EngineSpec
     label: str
@@ -278,9 +227,6 @@ class EngineHandle:
     pid: int
     command: list[str]
     run_dir: Path
-    perf_log_dir: Path
-    stdout_path: Path
-    stderr_path: Path
     _proc: subprocess.Popen = field(repr=False)
     caps: MemoryCaps | None = None
     cold_start: dict[str, Any] = field(default_factory=dict)
@@ -292,6 +238,14 @@ class EngineHandle:
     _enforcer: HostCapEnforcer | None = field(default=None, repr=False)
     end: dict[str, Any] = field(default_factory=dict)
     _create_time: float = field(default=0.0, repr=False)
+    perf_log_dir: Path = field(init=False)
+    stdout_path: Path = field(init=False)
+    stderr_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.perf_log_dir, self.stdout_path, self.stderr_path = (
+            self.run_dir / n for n in ("perf", "stdout.log", "stderr.log")
+        )
 
     @property
     def base_url(self) -> str:
@@ -327,23 +281,13 @@ class EngineHandle:
         except httpx.HTTPError:
             return False
 
-    def raise_if_dead(self) -> None:
-        """Raise EngineExitedError (with the cap message when the cap killed it) if not running."""
-        if self.alive():
-            return
-        o = self.cap_outcome
-        why = o.message if o.exceeded else f"exit code {self.exit_code}"
-        raise EngineExitedError(
-            f"engine {self.label!r} (pid {self.pid}) is not running: {why}\n--- log tail ---\n{self.tail(30)}"
-        )
-
     def tail(self, n: int = 50) -> str:
         """Last ``n`` lines of stdout, then of stderr, each labelled."""
         files = {"stdout": self.stdout_path, "stderr": self.stderr_path}
         return "\n".join(f"[{k}]\n" + "\n".join(t) for k, p in files.items() if (t := _tail_file(p, n)))
 
     def records(self) -> list[_records.PerfRecord]:
-        """Records in ``perf_log_dir/performance.log`` so far (malformed lines skipped)."""
+        """Records in ``performance.log`` so far (malformed lines skipped)."""
         return _records.read_perf_log(self.perf_log_path).records
 
     @property
@@ -352,8 +296,7 @@ class EngineHandle:
         return self._enforcer.cgroup_path if self._enforcer is not None else None
 
     def sampler(self, interval_s: float = 0.1):
-        """A (not started) MemorySampler of this engine's GPUs (:attr:`gpu_indices`, the launch's
-        NVML source) with the pre-launch device baseline and its own cgroup, if any."""
+        """A (not started) MemorySampler of this engine's GPUs, baseline and cgroup."""
         from perfkit.readings.sampler import MemorySampler
 
         return MemorySampler(
@@ -416,7 +359,9 @@ class EngineHandle:
             procs[root] = self.label
         ended = {e.pid: e for e in _owner.end_processes(procs, grace_s)}
         if procs:
-            _cgroup_kill(self.cgroup_path)
+            with contextlib.suppress(OSError):  # cgroup.kill: Linux >= 5.14
+                if self.cgroup_path is not None:
+                    (self.cgroup_path / "cgroup.kill").write_text("1")
             _owner.kill_tree([self.pid], self._descendants(), signal.SIGKILL)
         mine = ended.get(self.pid)
         if mine is not None and mine.killed:

@@ -1,15 +1,6 @@
 """Start an engine under memory caps, wait until it is ready, capture its logs, always tear down.
-
-::
-
-    with launch(EngineSpec(kind="reference"), caps=MemoryCaps(host_gib=32), run_dir=d) as eng:
-        eng.cold_start          # {"ready_s": 41.2, "process_start_s": 0.4, ...}
-    # here the engine's whole process group is gone
-
-Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/``,
-``cache/{inductor,triton}`` (``run_dir/shared-cache/`` when ``spec.share_compile_cache``).
-Teardown and ownership: docs/robustness.md; the handle and errors (re-exported here) live in
-:mod:`perfkit.engine.handle`.
+Layout under ``run_dir/<label>/``: ``stdout.log``, ``stderr.log``, ``perf/``, ``cache/`` (or
+``run_dir/shared-cache/``); teardown: docs/robustness.md; the handle: :mod:`perfkit.engine.handle`.
 """
 
 from __future__ import annotations
@@ -41,7 +32,6 @@ from perfkit.engine.handle import (
     cold_start_parts,
     parse_marks,
 )
-from perfkit.engine.handle import EngineExitedError as EngineExitedError  # re-exported
 from perfkit.engine.owner import StartedProcess, _register
 from perfkit.engine.owner import started_processes as started_processes  # re-exported
 from perfkit.engine.owner import surviving as surviving  # re-exported
@@ -98,26 +88,11 @@ def launch(
     label: str = "engine",
     nvml: Any = None,
 ) -> Iterator[EngineHandle]:
-    """Start ``spec`` under ``caps``, wait for health, yield an :class:`EngineHandle`, tear down.
+    """Start ``spec`` under ``caps`` (host budget clamped to what exists, :meth:`MemoryCaps.resolve`),
+    wait for health, yield an :class:`EngineHandle`, tear down. GPUs: docs/scale-out.md.
 
-    Args:
-        spec: the engine.
-        caps: memory budgets (None: no caps). The host budget is clamped to what exists
-            (:meth:`MemoryCaps.resolve`, unless already resolved) and the engine's environment
-            gets the effective value.
-        run_dir: directory for this run's launches (default: a new temporary directory).
-        label: launch label; the launch directory is ``run_dir/<label>`` (``<label>-1``, …).
-        nvml: NVML source for GPU matching, the baseline and the sampler (tests; default pynvml).
-
-    GPUs: resolved by UUID from the engine's ``CUDA_VISIBLE_DEVICES`` (docs/scale-out.md, "GPUs
-    matched by UUID"); the first ``num_gpus`` (one for a ``command`` engine) are read.
-
-    Raises:
-        PortInUseError: ``spec.port`` is set and taken (before anything is started).
-        FileNotFoundError: ``spec.check()`` failed (e.g. sglang not installed).
-        EngineStartError: the engine exited before ready (exit code and log tail in the message),
-            was not ready within the timeout, or went over the host cap while starting.
-        MemoryReadError: a cgroup limit or /proc/meminfo could not be read as a number.
+    Raises PortInUseError (``spec.port`` taken), FileNotFoundError (``spec.check()``),
+    EngineStartError (exited, not ready in time or over the host cap before ready), MemoryReadError.
     """
     spec.check()
     if caps is not None and not caps.resolved:
@@ -134,46 +109,29 @@ def launch(
 
     argv = spec.command(port, perf_dir) + _sglang_ports(spec)
     env = _engine_env(spec, caps, perf_dir, port, cache)
-    gpus, gpu_indices, baseline = _engine_gpus(spec, env, label, nvml)
+    gpus = _engine_gpus(spec, env, label, nvml)
 
-    stdout_path, stderr_path = d / "stdout.log", d / "stderr.log"
     (d / "command.txt").write_text(" ".join(argv) + "\n")
     log.info("launching %s: %s (logs in %s)", label, " ".join(argv), d)
-    proc, clock = _start(argv, env, stdout_path, stderr_path, label, d)
+    proc, clock = _start(argv, env, label, d)
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:
         create_time = 0.0
     _register(StartedProcess(proc.pid, proc.pid, create_time, label, tuple(argv)))
     handle = EngineHandle(
-        spec=spec,
-        label=label,
-        port=port,
-        pid=proc.pid,
-        command=argv,
-        run_dir=d,
-        perf_log_dir=perf_dir,
-        stdout_path=stdout_path,
-        stderr_path=stderr_path,
-        caps=caps,
-        device_baseline_mib=baseline,
-        gpus=[dataclasses.asdict(g) for g in gpus],
-        gpu_indices=gpu_indices,
-        _nvml=nvml,
-        _proc=proc,
-        _create_time=create_time,
+        spec, label, port, proc.pid, argv, d, proc, caps=caps, _nvml=nvml, _create_time=create_time, **gpus
     )
     _LIVE[proc.pid] = handle
     start_error = None
     try:
         handle._enforcer = (caps or MemoryCaps()).start(proc.pid, name=label)
-        try:
-            _wait_ready(handle, spec.startup_timeout_s, clock)
-        except EngineStartError as exc:
-            start_error = exc
-            raise
+        _wait_ready(handle, spec.startup_timeout_s, clock)
         log.info("engine %s ready in %.2f s at %s", label, handle.cold_start["ready_s"], handle.base_url)
         yield handle
+    except EngineStartError as exc:
+        start_error = None if handle.cold_start else exc  # not ready: this launch's own error
+        raise
     finally:
         handle._terminate(spec.stop_grace_s)
         log.info("engine %s stopped (exit code %s)", label, handle.exit_code)
@@ -204,10 +162,8 @@ def _engine_env(
     return {**os.environ, **added}
 
 
-def _engine_gpus(
-    spec: EngineSpec, env: dict[str, str], label: str, nvml: Any
-) -> tuple[list[Any], list[int], Any]:
-    """(GPUs by UUID, their NVML indices, device used MiB before launch); sets CUDA_DEVICE_ORDER."""
+def _engine_gpus(spec: EngineSpec, env: dict[str, str], label: str, nvml: Any) -> dict[str, Any]:
+    """The handle's GPUs by UUID, their NVML indices and device MiB used before launch."""
     from perfkit.readings.sampler.nvml import GpuResolveError, device_used_mib, resolve_visible_gpus
 
     n_gpus = spec.num_gpus if spec.kind != "command" else 1
@@ -219,15 +175,17 @@ def _engine_gpus(
     except GpuResolveError as exc:
         log.warning("%s: %s; sampling NVML indices 0..%d instead", label, exc, n_gpus - 1)
         gpus = []
-    gpu_indices = [g.index for g in gpus] or list(range(n_gpus))
-    return gpus, gpu_indices, device_used_mib(gpu_indices, nvml=nvml)
+    indices = [g.index for g in gpus] or list(range(n_gpus))
+    return {
+        "gpus": [dataclasses.asdict(g) for g in gpus],
+        "gpu_indices": indices,
+        "device_baseline_mib": device_used_mib(indices, nvml=nvml),
+    }
 
 
-def _start(
-    argv: list[str], env: dict[str, str], stdout_path: Path, stderr_path: Path, label: str, d: Path
-) -> tuple[subprocess.Popen, LaunchClock]:
+def _start(argv: list[str], env: dict[str, str], label: str, d: Path) -> tuple[subprocess.Popen, LaunchClock]:
     """Start ``argv`` in its own session, dying with its parent; EngineStartError when it cannot."""
-    with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
+    with open(d / "stdout.log", "wb") as out_fh, open(d / "stderr.log", "wb") as err_fh:
         clock = LaunchClock(time.time(), time.monotonic_ns(), time.clock_gettime(time.CLOCK_BOOTTIME))
         try:
             proc = subprocess.Popen(

@@ -42,8 +42,8 @@ def _prctl(option: int, value: int) -> bool:
 
 
 def become_subreaper() -> bool:
-    """Make this process the subreaper of its descendants (Linux; True when set): an orphan
-    below it is re-parented here instead of to init, so :class:`Watch` still sees it."""
+    """Make this process the subreaper of its descendants (Linux; True when set), so that
+    :class:`Watch` still sees an orphan below it."""
     ok = _prctl(PR_SET_CHILD_SUBREAPER, 1)
     if not ok:
         log.info("PR_SET_CHILD_SUBREAPER not available: orphans go to init (the registry still finds them)")
@@ -51,14 +51,12 @@ def become_subreaper() -> bool:
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent (the thread that forked
-    it) dies (``PR_SET_PDEATHSIG``; call in the child, e.g. as ``preexec_fn``). No-op elsewhere."""
+    """``PR_SET_PDEATHSIG``: ``sig`` to this process when the thread that forked it dies (``preexec_fn``)."""
     _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def register(pid: int, pgid: int, create_time: float, label: str, path: str | Path | None = None) -> None:
-    """Append one started process to the owner's registry file (``path``, default the file
-    named by :data:`REGISTRY_ENV`; nothing when neither is set). Never raises."""
+    """Append one started process to the registry file (default :data:`REGISTRY_ENV`'s). Never raises."""
     target = path or os.environ.get(REGISTRY_ENV)
     if not target:
         return
@@ -73,8 +71,7 @@ def register(pid: int, pgid: int, create_time: float, label: str, path: str | Pa
 
 
 def registered(path: str | Path) -> list[dict[str, Any]]:
-    """The entries of a registry file, or of a directory's ``*.processes.jsonl`` (unreadable
-    lines skipped; a missing file: [])."""
+    """The entries of a registry file, or of a directory's ``*.processes.jsonl`` (bad lines skipped)."""
     path = Path(path)
     if path.is_dir():
         return [e for f in sorted(path.glob("*.processes.jsonl")) for e in registered(f)]
@@ -103,9 +100,8 @@ def alive(pid: int, create_time: float) -> psutil.Process | None:
 
 
 def marked(prefix: str | Path) -> list[psutil.Process]:
-    """Running processes whose environment has :data:`REGISTRY_ENV` under ``prefix`` (a registry
-    file, or the directory of a run's registry files); those whose environment cannot be read
-    are skipped."""
+    """Running processes whose environment has :data:`REGISTRY_ENV` under ``prefix`` (a file or a
+    directory); those whose environment cannot be read are skipped."""
     pre = str(prefix)
     out = []
     me = os.getpid()
@@ -135,8 +131,7 @@ def descendants() -> dict[tuple[int, float], psutil.Process]:
 
 @dataclass
 class Ended:
-    """How one process the owner ended went: ``how`` in words (``exited on SIGTERM after 0.2 s``,
-    ``did not exit within 2 s of SIGTERM: killed by perfkit (SIGKILL) after 2.0 s``)."""
+    """How one process the owner ended went: ``how`` in words (``ended on SIGTERM after 0.2 s``)."""
 
     pid: int
     label: str
@@ -157,7 +152,7 @@ def kill_tree(groups: Iterable[int], procs: Iterable[psutil.Process], sig: int) 
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float, t0: float, gone_at: dict[int, float]) -> list:
-    """Wait up to ``timeout`` s for ``procs`` to end (a zombie has), ends into ``gone_at``; the rest."""
+    """Wait up to ``timeout`` s for ``procs`` to end (into ``gone_at``); returns the rest."""
     deadline = time.monotonic() + timeout
     rest = list(procs)
     while True:
@@ -207,9 +202,8 @@ def end_processes(procs: dict[psutil.Process, str], grace_s: float) -> list[Ende
 
 
 def tree(pid: int, pgid: int | None = None, since: float | None = None) -> list[psutil.Process]:
-    """Process ``pid`` (when it started at ``since``, if given) with every descendant (whichever
-    group it moved to) and every process of group ``pgid`` (default ``pid``) started since, also
-    those re-parented after their parent died; never this process."""
+    """Process ``pid`` (started at ``since``, if given), its descendants and every process of group
+    ``pgid`` (default ``pid``) started since; never this process."""
     found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
@@ -228,13 +222,8 @@ def tree(pid: int, pgid: int | None = None, since: float | None = None) -> list[
 def run_bounded(
     args: str | list[str], timeout_s: float | None = None, grace_s: float = 2.0, **popen: Any
 ) -> "subprocess.CompletedProcess[Any]":
-    """:func:`subprocess.run` that never leaves a process behind: started in its own session,
-    its whole tree (:func:`tree`) is ended (:func:`end_processes`) when ``timeout_s`` (s; None: no limit) passes or
-    this process is interrupted. ``popen``: Popen's keywords plus ``capture_output``.
-
-    Raises:
-        subprocess.TimeoutExpired: it ran past ``timeout_s`` (its tree already ended).
-    """
+    """:func:`subprocess.run` in its own session whose whole tree is ended past ``timeout_s`` or on
+    an interrupt; subprocess.TimeoutExpired (its tree already ended)."""
     if popen.pop("capture_output", False):
         popen["stdout"] = popen["stderr"] = subprocess.PIPE
     # made first, so that an interrupt while it starts (after the fork) still finds its pid
@@ -261,7 +250,6 @@ def signal_name(n: int) -> str:
 
 
 def _ended_alone(code: int | None) -> str:
-    """Words for a process found already ended (its exit status read when reaping it)."""
     if code is not None and code < 0:
         return f"had ended on signal {-code} ({signal_name(-code)}) by the time its launcher was gone"
     return f"had exited with code {code} by the time its launcher was gone"
@@ -274,16 +262,12 @@ def _teardown_end(code: int | None, label: str) -> bool:
 
 @dataclass
 class Watch:
-    """Everything under this process (and in a registry file) before a piece of work; see
-    :meth:`reap`. ``registry``: the file (or directory of files, :func:`registered`) the work's
-    launches register in (None: none)."""
+    """Everything under this process (and in ``registry``, a file or directory) before a piece of
+    work; see :meth:`reap`."""
 
     registry: Path | None = None
     before: set[tuple[int, float]] = field(default_factory=set)
-    #: new descendants found already ended (reaped here), with how
-    gone: list[Ended] = field(default_factory=list)
-    #: of those, the ones that ended with the teardown (:func:`_teardown_end`); :meth:`reap`
-    #: does not name them as outliving it (logged at info)
+    gone: list[Ended] = field(default_factory=list)  # new descendants found already ended
     ended_on_teardown: list[Ended] = field(default_factory=list)
 
     @classmethod
@@ -292,9 +276,8 @@ class Watch:
         return cls(Path(registry) if registry else None, set(descendants()))
 
     def leftovers(self) -> dict[psutil.Process, str]:
-        """Processes started since :meth:`start` that still run (new descendants, registered
-        ones: same pid and start time), with their labels; a new zombie is reaped into
-        :attr:`gone`."""
+        """Processes started since :meth:`start` that still run, with their labels; a new zombie
+        is reaped into :attr:`gone`."""
         entries = registered(self.registry) if self.registry else []
         by_pid = {int(e["pid"]): str(e.get("label") or "") for e in entries}
         by_group = {int(e.get("pgid") or 0): str(e.get("label") or "") for e in entries}
@@ -336,9 +319,8 @@ class Watch:
         return {p: label for p, label in found.values() if p.pid != os.getpid()}
 
     def reap(self, grace_s: float = 5.0) -> list[Ended]:
-        """End every leftover (:meth:`leftovers`) on a deadline (:func:`end_processes`); returns
-        how each ended ([] when nothing was left), with the zombies found already ended except
-        :attr:`ended_on_teardown`. Logs a warning per process returned."""
+        """End every leftover on a deadline; returns how each ended, with the zombies found ended
+        except :attr:`ended_on_teardown`, and logs a warning for each."""
         self.gone = []
         self.ended_on_teardown = []
         left = self.leftovers()
@@ -379,14 +361,12 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 def started_processes() -> list[StartedProcess]:
-    """Every engine process (and descendant seen at teardown) started by :func:`launch` in
-    this Python process, oldest first."""
+    """Every engine process (and descendant seen at teardown) launched in this process, oldest first."""
     with _REGISTRY_LOCK:
         return list(_REGISTRY)
 
 
 def _register(p: StartedProcess) -> None:
-    """Into :func:`started_processes` and the owner's registry file (:func:`register`)."""
     with _REGISTRY_LOCK:
         _REGISTRY.append(p)
     register(p.pid, p.pgid, p.create_time, p.label)
@@ -395,14 +375,6 @@ def _register(p: StartedProcess) -> None:
 def surviving(procs: list[StartedProcess]) -> list[StartedProcess]:
     """Those of ``procs`` still alive (same pid and start time, not a zombie)."""
     return [sp for sp in procs if alive(sp.pid, sp.create_time) is not None]
-
-
-def _cgroup_kill(path: Path | None) -> None:
-    """``cgroup.kill`` of the engine's own cgroup v2 (Linux >= 5.14), when it has one."""
-    if path is None:
-        return
-    with contextlib.suppress(OSError):
-        (Path(path) / "cgroup.kill").write_text("1")
 
 
 def _running(p: psutil.Process) -> bool:
@@ -414,13 +386,8 @@ def _running(p: psutil.Process) -> bool:
 
 # ---------------------------------------------------------------------------- the reaper
 def spawn_reaper(directory: str | Path, grace_s: float) -> "subprocess.Popen[bytes] | None":
-    """Start the reaper of this process's run: a small process (its own session, so a Ctrl-C to
-    ours does not reach it) that waits for this process to end, then ends every process
-    registered in ``directory/*.processes.jsonl`` or whose environment names a registry under
-    ``directory`` (:func:`marked`), SIGTERM then SIGKILL after ``grace_s``. It is what remains
-    when the owner itself is killed (SIGKILL, OOM): stop it with :func:`stop_reaper` at a normal
-    end. Returns None when it cannot be started (logged)."""
-
+    """Start the reaper of this run (docs/robustness.md "The suite's reaper"): once this process is
+    gone it ends what ``directory``'s registries name; None when it cannot be started (logged)."""
     me = psutil.Process()
     job = {"owner": me.pid, "start": me.create_time(), "dir": str(directory), "grace": float(grace_s)}
     argv = [sys.executable, "-m", "perfkit.engine.owner", json.dumps(job)]
@@ -444,11 +411,9 @@ def stop_reaper(proc: "subprocess.Popen[bytes] | None") -> None:
 
 
 def _reaper_main(job: str) -> int:
-    """The reaper (:func:`spawn_reaper`); ``job``: its JSON (owner pid and start, dir, grace)."""
     a = json.loads(job)
     while alive(a["owner"], a["start"]) is not None:
         time.sleep(0.5)
-    # what the registries under the directory name, and what carries one in its environment
     d = Path(a["dir"])
     ended = end_processes(Watch(d).leftovers(), a["grace"])
     if ended:

@@ -1,9 +1,6 @@
-"""EngineSpec: how to start an engine and reach it; one pydantic model per kind (``reference``,
-``sglang``, ``command``), told apart by ``kind`` (:data:`AnyEngineSpec`, which the params file
-embeds). Building one directly raises :class:`EngineSpecError` naming each bad field
-(``EngineSpec.warmup_frames: ...``); in params, pydantic's locations name ``engine.<field>``.
-The command kind's argv is the field ``command_template``, spelled ``command`` in dicts. See
-docs/DESIGN.md ("One parameter's path") and docs/sglang.md.
+"""EngineSpec: how to start an engine and reach it; one pydantic model per kind, told apart by
+``kind`` (:data:`AnyEngineSpec`, which the params file embeds). See docs/DESIGN.md ("One
+parameter's path") and docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -70,8 +67,7 @@ REFERENCE_STAGES = (
 
 
 class EngineSpecError(ValueError):
-    """An invalid engine spec. ``problems``: ``(field, message)`` pairs; the text is one line per
-    problem, ``EngineSpec.<field>: <message>``."""
+    """An invalid engine spec: ``problems`` (field, message), one line each ``EngineSpec.<field>: ...``."""
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         self.problems = problems
@@ -81,9 +77,7 @@ class EngineSpecError(ValueError):
     def from_validation(
         cls, exc: ValidationError | list[Any], kind: str | None = None, tagged: bool = True
     ) -> EngineSpecError:
-        """Each pydantic error of ``exc`` (or a list of its errors) as a field-named problem.
-        ``exc`` comes from validating :data:`AnyEngineSpec` (``tagged``: locations start with the
-        kind) or, ``tagged=False``, the model of ``kind``."""
+        """Each pydantic error as a field-named problem; ``tagged``: locations start with the kind."""
         problems = []
         for err in exc if isinstance(exc, list) else exc.errors():
             loc = tuple(err.get("loc") or ())
@@ -109,8 +103,7 @@ class EngineSpecError(ValueError):
 
 
 def error_text(err: Mapping[str, Any], bare: bool = False) -> str:
-    """``message, got <input>`` of one pydantic error (``ValidationError.errors()`` item); no
-    input when ``bare``, for a raised error's message or a mapping or list input."""
+    """``message, got <input>`` of one pydantic error; no input when ``bare``, raised or a mapping/list."""
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     got = err.get("input")
     if bare or "error" in (err.get("ctx") or {}) or isinstance(got, (dict, list)):
@@ -130,24 +123,10 @@ class _SpecMeta(type(BaseModel)):  # type: ignore[misc]
 
 
 class EngineSpec(BaseModel, metaclass=_SpecMeta):
-    """How to start one engine: the fields every kind has, and the methods.
-    ``EngineSpec(kind=..., **fields)`` builds the model of that kind (default ``reference``).
-
-    Attributes:
-        kind: ``reference``, ``sglang`` or ``command``.
-        extra_args: appended to the argv of every kind (placeholders substituted); a string is
-            split like a shell would.
-        env: extra environment (values may use ``{perf_log_dir}``/``{port}``/``{host}``).
-        health_path: ready when ``GET health_path`` answers 200 (starts with ``/``).
-        host: address the engine binds and perfkit reaches.
-        port: fixed port, 1..65535 (None: a free one is picked at launch).
-        startup_timeout_s: how long launch waits for health (s, > 0).
-        request_timeout_s: how long one request may take, submit to completion (s, > 0; None:
-            :data:`DEFAULT_REQUEST_TIMEOUT_S`, or what a params file's ``timeout_s`` leaves:
-            docs/robustness.md "Timeouts, in order"); a request past it ends the launch.
-        stop_grace_s: seconds between perfkit's SIGTERM and its SIGKILL at teardown (> 0).
-        share_compile_cache: one compile cache for the launches of a run directory.
-    """
+    """The fields every kind has; ``EngineSpec(kind=..., **fields)`` builds that kind's model and
+    raises :class:`EngineSpecError` naming each bad field. extra_args, env: placeholders
+    ``{perf_log_dir}``, ``{port}``, ``{host}``; port None: a free one; request_timeout_s: submit to
+    completion (None: docs/robustness.md "Timeouts, in order")."""
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
@@ -171,13 +150,11 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         return [self._subst(a, port, d) for a in self._argv(port, d)]
 
     def startup_warmup_frames(self) -> int | None:
-        """Frames of the synthetic startup warmup this spec asks for: 0 when off (or, sglang,
-        warmed on requests), None for kind ``command`` (unknown)."""
+        """Frames of the startup warmup asked for: 0 when off or on requests, None: unknown."""
         return None
 
     def env_for(self, perf_log_dir: str | Path, port: int | None = None) -> dict[str, str]:
-        """Environment additions for a launch (``spec.env`` included, placeholders substituted):
-        ``PERFKIT_PERF_LOG_DIR``; kinds ``sglang`` and ``command`` also sglang's record variables."""
+        """Environment additions for a launch: ``spec.env``, the perf log directory's variables."""
         d = str(perf_log_dir)
         out = {"PERFKIT_PERF_LOG_DIR": d}
         if self.kind != "reference":  # the kinds that write sglang's per-request records
@@ -192,15 +169,12 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
         return s
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of this kind's fields (JSON/YAML-ready; the command kind's argv under
-        ``command``); :meth:`from_dict` reads it back."""
+        """Plain dict of this kind's fields (the command kind's argv under ``command``)."""
         return self.model_dump(by_alias=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineSpec:
-        """Build the spec of ``d["kind"]`` (default ``reference``) from a dict (e.g. params YAML;
-        argv fields may be strings, split with shlex). Raises :class:`EngineSpecError` naming
-        each bad field (unknown keys with the closest known one)."""
+        """The spec of ``d["kind"]`` (default ``reference``); EngineSpecError naming each bad field."""
         if not isinstance(d, Mapping):
             raise EngineSpecError([("(spec)", f"expects a mapping, got {type(d).__name__}")])
         try:
@@ -212,25 +186,13 @@ class EngineSpec(BaseModel, metaclass=_SpecMeta):
             raise EngineSpecError.from_validation(exc, kind, tagged=cls is EngineSpec) from None
 
     def replace(self, **changes: Any) -> EngineSpec:
-        """A validated copy with some fields changed (``kind`` too; keys as :meth:`to_dict`'s):
-        unlike ``model_copy``, a bad value or a field this kind lacks raises :class:`EngineSpecError`."""
+        """A validated copy with some fields changed (keys as :meth:`to_dict`'s); EngineSpecError."""
         return EngineSpec.from_dict({**self.to_dict(), **changes})
 
 
 class _ServingEngine(EngineSpec):
-    """Fields the reference engine and sglang share: the model, GPUs, compile, startup warmup.
-
-    Attributes:
-        model_path: local model directory (reference: optional; sglang: required, a local path or
-            a hub id ``org/name``).
-        compile: torch.compile the transformer.
-        warmup_frames: frames of the startup warmup (17 -> 3 latent frames); 0 disables it.
-        warmup_resolution: ``"HxW"`` of the startup warmup (None: the serving default).
-        warmup_steps: denoising steps of the startup warmup, >= 1 (None: the engine's default).
-        warmup_mode: ``off``, ``server`` (a synthetic warmup request at startup) or, sglang only,
-            ``request`` (warm on the first real requests); None: the engine's default.
-        num_gpus: GPUs to use (>= 1).
-    """
+    """Fields the reference engine and sglang share; warmup_*: the startup warmup (frames 0: off;
+    mode ``server``: a synthetic request, ``request``: sglang warms on the first real ones)."""
 
     model_path: Optional[str] = Field(None, min_length=1)
     compile: bool = False
@@ -254,36 +216,9 @@ class _ServingEngine(EngineSpec):
 
 
 class ReferenceEngine(_ServingEngine):
-    """perfkit's reference engine (``python -m perfkit.refengine``); the default kind.
-
-    Attributes (besides :class:`EngineSpec`'s and the shared serving fields):
-        preset: reference engine preset (``tiny`` by default).
-        compile_backend: torch.compile backend (``inductor``).
-        compile_vae: torch.compile the VAE too.
-        recompile_limit: torch._dynamo's recompile limit (``--recompile-limit``; None: torch's
-            default). A request that hits it runs eagerly afterwards, and the gate fails it.
-        two_stage: run the two-stage (upsample + refinement) pipeline.
-        warmup_mode: ``off`` or ``server`` (``request`` is sglang's only).
-        height, width, steps: serving defaults, >= 1 (None: the engine's own).
-        dtype, device: torch dtype / device strings (None: the engine's default).
-        keep_outputs: keep generated videos on disk.
-        debug_leak_mib: the engine leaks this many MiB per request (tests of leak checks).
-        memory_snapshot_after: 0-based measured requests after which the engine dumps a CUDA
-            allocator snapshot (``--memory-snapshot-after``; empty: no history recorded).
-        memory_snapshot_entries: allocation history entries kept (bounds each snapshot's size).
-        debug_stage_delay: TEST ONLY injected slowdown, stage name (:data:`REFERENCE_STAGES`) ->
-            percent (>= 0, ``30`` or ``"30%"``) of its own work added as busy compute, measured
-            requests only (``--debug-stage-delay STAGE=PCT``).
-        debug_stage_delay_from: the 0-based measured request it starts at (1: warm only).
-        max_frames: refuse requests above this many frames.
-        cpu_threads: torch intra-op threads of the engine (``--cpu-threads``, 1 to the host's
-            logical CPUs, else the engine exits 2; None: torch's own); docs/suite.md.
-        offload: offload mode of every component (``--offload``, :data:`OFFLOAD_MODES`; None:
-            the engine's placement, resident unless a device cap forces group offload); modes
-            other than ``none`` need an accelerator (the engine exits 2 on a CPU).
-        offload_components: per-component modes overriding ``offload`` for that component
-            (keys ``transformer``, ``text_encoder``, ``vae``; ``--offload-<component>``).
-    """
+    """perfkit's reference engine (``python -m perfkit.refengine``), the default kind; each field is
+    the engine's flag of that name (docs/refengine.md). debug_*: TEST ONLY (a leak in MiB per
+    request; a stage's slowdown in percent of its own work, from measured request N on)."""
 
     kind: Literal["reference"] = "reference"
     preset: str = Field("tiny", min_length=1)
@@ -335,14 +270,8 @@ class ReferenceEngine(_ServingEngine):
 
 
 class SglangEngine(_ServingEngine):
-    """sglang's diffusion server (``sglang serve``); flags as in the module doc.
-
-    Attributes (besides :class:`EngineSpec`'s and the shared serving fields):
-        model_path: required: a local model directory or a hub id ``org/name``.
-        executable: argv prefix that runs sglang (``["sglang"]``; e.g.
-            ``[sys.executable, "-m", "sglang.cli.main"]``); not empty.
-        server_args: extra ``sglang serve`` arguments (offload, parallelism, pipeline class, ...).
-    """
+    """sglang's diffusion server (``sglang serve``): model_path a local directory or a hub id;
+    executable the argv prefix that runs sglang; server_args extra ``sglang serve`` arguments."""
 
     kind: Literal["sglang"] = "sglang"
     model_path: str = Field(min_length=1)
@@ -351,7 +280,6 @@ class SglangEngine(_ServingEngine):
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> SglangEngine:
-        """Relative ``model_path`` / executable paths that exist here made absolute (docs/sglang.md)."""
         if not Path(self.model_path).is_absolute() and Path(self.model_path).exists():
             self.model_path = str(Path(self.model_path).resolve())
         exe = self.executable[0]
@@ -369,14 +297,12 @@ class SglangEngine(_ServingEngine):
             argv += ["--enable-torch-compile"]
         given = list(self.server_args) + list(self.extra_args)
         if not any(a == "--output-path" or a.startswith("--output-path=") for a in given):
-            # sglang's default "outputs/" is relative to its cwd (server_args.py): keep the
-            # videos in the launch's directory (``d`` is its perf/), not where perfkit started
+            # sglang's default "outputs/" is relative to its cwd: the launch's directory instead
             given += ["--output-path", str(Path(d).parent / "outputs")]
         return argv + given
 
     def sglang_warmup_args(self) -> list[str]:
-        """``sglang serve`` flags for the startup warmup settings (docs/sglang.md): the default
-        frames add no ``--warmup-num-frames``; ``HxW`` is written ``WxH`` as sglang wants."""
+        """``sglang serve`` flags for the startup warmup settings (docs/sglang.md)."""
         out: list[str] = []
         mode = "off" if self.warmup_frames == 0 else self.warmup_mode
         if mode is not None:
@@ -392,12 +318,8 @@ class SglangEngine(_ServingEngine):
 
 
 class CommandEngine(EngineSpec):
-    """Any server started by an argv; it writes sglang-format records (their environment is set).
-
-    Attributes (besides :class:`EngineSpec`'s):
-        command_template: required, non-empty argv with ``{port}``, ``{host}``, ``{perf_log_dir}``
-            placeholders (key ``command`` in dicts; a string is split like a shell would).
-    """
+    """Any server started by the argv ``command_template`` (``command`` in dicts; placeholders as
+    ``extra_args``) that writes sglang-format records."""
 
     kind: Literal["command"] = "command"
     command_template: Argv = Field(
@@ -454,17 +376,14 @@ _KEYS = {
 
 
 def split_kind(loc: tuple) -> tuple[str | None, tuple]:
-    """``(kind, rest)`` of a pydantic error location from validating :data:`AnyEngineSpec`, whose
-    first part is the kind's tag (``("sglang", "model_path")``); ``(None, loc)`` when it has none
-    (an unknown kind). Not for errors of one kind's model: ``("command",)`` there is a field."""
+    """``(kind, rest)`` of an :data:`AnyEngineSpec` error location; ``(None, loc)`` without a kind tag."""
     if loc and loc[0] in ENGINE_KINDS:
         return loc[0], tuple(loc[1:])
     return None, tuple(loc)
 
 
 def unknown_key_hint(kind: str | None, key: str) -> str:
-    """What to say after "unknown key" for a spec of ``kind``: the kinds that have it
-    (`` (a field of kind 'sglang')``), else the closest key of that kind (`` (did you mean 'x'?)``)."""
+    """What to say after "unknown key": the kinds that have it, else the closest key of ``kind``."""
     owners = [k for k in KINDS if k != kind and key in _KEYS[k]]
     if owners:
         return f" (a field of kind {' and '.join(map(repr, owners))})"
