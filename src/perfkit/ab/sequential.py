@@ -424,18 +424,6 @@ def run_sequential(
     )
 
 
-def pool_design(pool: Any, design: Design) -> Design:
-    """``design`` with its maximum cut to half of A's launches (an A/A) and every arm's launches."""
-    a = len(pool.launches("A"))
-    cap = min([a // 2, *(len(pool.launches(arm)) for arm in pool.arms)])
-    if cap < design.min_launches:
-        raise ValueError(
-            f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
-            f"disjoint sides), fewer than the first look's {design.min_launches}"
-        )
-    return replace(design, max_launches=min(design.max_launches, cap))
-
-
 def replay_pool(
     pool: Any,
     design: Design,
@@ -449,7 +437,14 @@ def replay_pool(
     (docs/choosing-n-m.md, "How the replay resamples"). One row per experiment: ``kind``,
     ``target``, ``stop``, ``regressed``, ``caught``, ``launches`` (the larger side), ``looks``,
     ``max_launches``, ``slow_rule``. Raises ValueError: the pool is too small for a first look."""
-    design = pool_design(pool, design)
+    a = len(pool.launches("A"))
+    cap = min([a // 2, *(len(pool.launches(arm)) for arm in pool.arms)])  # an A/A draws both sides from A
+    if cap < design.min_launches:
+        raise ValueError(
+            f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
+            f"disjoint sides), fewer than the first look's {design.min_launches}"
+        )
+    design = replace(design, max_launches=min(design.max_launches, cap))
     m = int(m or pool.warm)
     mx = design.max_launches
     rng = np.random.default_rng(seed)
