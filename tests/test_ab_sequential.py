@@ -138,7 +138,7 @@ def test_replayed_on_the_recorded_h200_pools_it_meets_issue_39s_targets():
     )
     assert n.loc["B", "undecided"] > 0.9
     with pytest.raises(ValueError, match="fewer than the first look's 6"):
-        sq.pool_design(power.load_pool(QUIET), sq.Design(6, 10))
+        sq.replay_pool(power.load_pool(QUIET), sq.Design(6, 10), sims=1)
 
 
 def test_a_replay_says_what_it_held_its_real_confidence_and_why_a_gated_metric_stayed_open(tmp_path):

@@ -1,8 +1,5 @@
-"""``perfkit ab`` apart from writing its outputs (:func:`perfkit.report.ab.write_ab_outputs`):
-read its options into an A/B (thresholds, gated metrics, the sequential design, the output
-directory, the request shape), run or replay it, decide it.
-
-Every error is an :class:`AbInputError` naming the option it came from."""
+"""``perfkit ab`` apart from writing its outputs: read its options into an A/B, run or replay it,
+decide it. Every error is an :class:`AbInputError` naming the option it came from."""
 
 from __future__ import annotations
 
@@ -44,9 +41,8 @@ def parse_fraction(text: str | None, option: str) -> float | None:
 
 
 def parse_gate_metrics(texts: str | Iterable[str] | None, option: str = "--gate-metrics") -> list[str] | None:
-    """``--gate-metrics``: comma-separated metric names (the option may be given twice), each a
-    fixed A/B metric (:data:`perfkit.ab.decide.METRIC_UNITS`) or an sglang stage name
-    (``…Stage``); None: all. Raises :class:`AbInputError`: empty, or a name that is neither."""
+    """``--gate-metrics``: comma-separated A/B metrics or ``…Stage`` names; None: all. Raises
+    :class:`AbInputError`: empty, or a name that is neither."""
     if not texts:
         return None
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -77,11 +73,9 @@ def design_for(
     bundles: dict[str, ResultBundle] | None = None,
     paired: bool | None = None,
 ) -> sq.Design:
-    """The sequential design from the options; a replay's (``bundles``) unset ones from the
-    recording (its meta ``ab.sequential``, else one look at its launches a side: the fixed-N A/B
-    it was). ``paired`` (``--paired``; None: the recording's, else False) makes the slow-spell
-    rule ``keep`` unless one is given. Raises :class:`AbInputError` (``-n/--launches,
-    --max-launches``) out of range; (``--paired``) with ``--slow-spells replace``."""
+    """The sequential design from the options, a replay's unset ones from the recording (else one
+    look at its launches a side). Raises :class:`AbInputError`: out of range; ``--paired`` with
+    ``--slow-spells replace``."""
     rec: dict[str, Any] = {}
     if bundles is not None:
         rec = recorded_design(bundles)
@@ -111,10 +105,8 @@ def design_for(
 
 
 def out_dir(given: str | None, suffix: str = "", kind: str = "ab") -> Path:
-    """The run directory: ``given`` (refused when it is a file or a non-empty directory: a
-    replay must not overwrite a run, e.g. the A/A its thresholds come from), else a new
-    ``outputs/<kind>/<timestamp><suffix>`` (:func:`perfkit.common.outdirs.stamped_dir`). Raises
-    :class:`AbInputError` (``--out``)."""
+    """``given`` (not a file or a non-empty directory), else a new ``outputs/<kind>/<timestamp><suffix>``.
+    Raises :class:`AbInputError` (``--out``)."""
     if given:
         problem = given_out_problem(given)
         if problem:
@@ -126,8 +118,8 @@ def out_dir(given: str | None, suffix: str = "", kind: str = "ab") -> Path:
 def request_for(
     req_a: dict[str, Any] | None, req_b: dict[str, Any] | None, overrides: dict[str, int | None]
 ) -> dict[str, Any]:
-    """The one request shape of an A/B: the params files' (they must agree), then ``overrides``
-    (request keys, None: not given). Raises :class:`AbInputError` (``--a/--b``) on two shapes."""
+    """The params files' request shape (they must agree) with ``overrides`` (None: not given).
+    Raises :class:`AbInputError` (``--a/--b``) on two shapes."""
     if req_a is not None and req_b is not None and req_a != req_b:
         raise AbInputError(
             f"the params files ask for different requests ({req_a} vs {req_b}): an A/B compares one shape",
@@ -137,11 +129,9 @@ def request_for(
 
 
 def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
-    """The two recorded side bundles of a replay, ``{"A": ..., "B": ...}``. Raises
-    :class:`AbInputError` (``--replay``): one directory given twice, an unreadable bundle, or two
-    recordings that cannot be one A/B (another investigation, GPU or request shape:
-    :func:`perfkit.ab.decide.incomparable`)."""
-    if str(dir_b).startswith("-"):  # click gave --replay the next option as its second directory
+    """``{"A": bundle, "B": bundle}`` of a replay. Raises :class:`AbInputError` (``--replay``): one
+    directory twice, an unreadable bundle, or recordings that cannot be one A/B."""
+    if str(dir_b).startswith("-"):  # click took the next option as the second directory
         raise AbInputError(
             f"takes two directories, DIR_A DIR_B; got {dir_a} and the option {dir_b}", "--replay"
         )
@@ -167,30 +157,28 @@ def load_replay(dir_a: str, dir_b: str) -> dict[str, ResultBundle]:
 
 
 def recorded_design(bundles: dict[str, ResultBundle]) -> dict[str, Any]:
-    """What a replay's side A recorded of its design (its meta ``ab.sequential``); {}: nothing."""
+    """Side A's meta ``ab.sequential``; {}: nothing."""
     return dict((bundles["A"].meta.get("ab") or {}).get("sequential") or {})
 
 
 def recorded_decision(
     bundles: dict[str, ResultBundle],
 ) -> tuple[list[str] | None, float | None, dict[str, float]]:
-    """The gated metrics (None: all), threshold and per-metric thresholds a run recorded (side A's
-    meta ``ab.sequential``); (None, None, {}) for recordings made before they were kept."""
+    """The gated metrics (None: all), threshold and per-metric thresholds a run recorded."""
     seq = recorded_design(bundles)
     gate = parse_gate_metrics([",".join(map(str, seq["gate_metrics"]))]) if seq.get("gate_metrics") else None
     return gate, seq.get("threshold"), {str(k): float(v) for k, v in (seq.get("thresholds") or {}).items()}
 
 
 def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
-    """``--profile``'s settings as :class:`perfkit.measuring.profiled.ProfileParams`.
-    Raises :class:`AbInputError` (``--profile-steps``) with the model's messages."""
+    """``--profile``'s settings. Raises :class:`AbInputError` (``--profile-steps``)."""
     from pydantic import ValidationError
 
     from perfkit.measuring.profiled import ProfileParams
 
     try:
         return ProfileParams(steps=steps, all_stages=all_stages, warm=warm)
-    except ValidationError as exc:  # its messages, without pydantic's prefix
+    except ValidationError as exc:
         msg = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise AbInputError(msg, "--profile-steps") from None
 
@@ -198,20 +186,14 @@ def profile_params(steps: int, all_stages: bool, warm: int) -> Any:
 def run_or_replay(
     a: Any, b: Any, out: Path | None, decision: Callable, gate: Any, undecided: str, **live: Any
 ) -> Any:
-    """Run (``a``, ``b``: (EngineSpec, request dict or None), :func:`perfkit.params.load_side`;
-    bundles saved under ``out``) or replay (``live["replay"]``; ``a``, ``b``: recorded side
-    directories, :func:`load_replay`) an A/B and decide it, for ``perfkit ab`` and
-    :func:`perfkit.run_ab`. ``decision(bundles)`` (None: live) -> (design, threshold or None,
-    per-metric thresholds); a replay decides as the run did (:func:`recorded_decision`) unless
-    given. ``live``: ``warm``, ``shape`` (:func:`request_for`), ``profile``, ``threshold_from``.
-    Returns the A/B result (:func:`perfkit.ab.sequential.decide_sequential`), its meta saying
-    whether it was a replay and where its thresholds came from. Raises :class:`AbInputError`;
-    (``--gate-metrics``) a gated metric that cannot be decided, for a run naming the ``--replay``
-    that re-decides the launches kept in ``out``."""
+    """Run (``a``, ``b``: (EngineSpec, request or None)) or replay (``live["replay"]``: ``a``, ``b``
+    side directories) an A/B and decide it; ``decision(bundles or None)`` -> (design, threshold,
+    thresholds), a replay's unset ones as recorded. ``live``: ``warm``, ``shape``, ``profile``,
+    ``threshold_from``. Raises :class:`AbInputError`, (``--gate-metrics``) naming the ``--replay``."""
     if live.get("replay"):
         bundles = load_replay(str(a), str(b))
         design, threshold, thresholds = decision(bundles)
-        # decide as the run did (its gated metrics: the alpha is split over them)
+        # as the run did: the alpha is split over its gated metrics
         rec_gate, rec_threshold, rec_thresholds = recorded_decision(bundles)
         gate = rec_gate if gate is None else gate
         if not live.get("threshold_from") and threshold is None:
@@ -240,17 +222,7 @@ def run_or_replay(
 
 
 def undecided_message(res: Any) -> str:
-    """One line: the metrics still inconclusive, and the launches a side that would decide each."""
+    """One line: the metrics still inconclusive and the launches a side that would decide each."""
     word = "undecided" if res.exit_code else "undecided, passed by --undecided pass"
     text = f"{word}: still inconclusive, with the launches a side that would decide it: "
     return " ".join((text + needed_text(res, res.undecided)).splitlines())  # one line, whatever the names
-
-
-def error_reasons(summary: str) -> list[str]:
-    """Why an A/B is an error (exit 2): the summary.md lines saying so, without their bullet, as
-    plain text for a terminal (summary.md's escapes and ``<code>`` undone)."""
-    import html
-    import re
-
-    lines = [x[2:] for x in summary.splitlines() if x.startswith(("- nothing", "- launch failed"))]
-    return [html.unescape(re.sub(r"</?code>", "", x)).replace("\\[", "[").replace("\\]", "]") for x in lines]

@@ -1,9 +1,6 @@
-"""Decide an A/B from two sides' bundles: the values compared (:func:`metric_values`; metrics
-and units: docs/ab.md, "Metrics"), slow spells, and per metric the ratio B/A, its interval, the
-variance split and the decision; the exit code (:mod:`perfkit.gate.verdicts`' rule): 0 no gated
-metric regressed; 1 a gated metric regressed or (:mod:`perfkit.ab.sequential`) is undecided at the
-maximum; 2 nothing gated was compared or a launch failed. Every metric gates unless
-``--gate-metrics`` names some; the others are decided and shown ("reported, not gated")."""
+"""Decide an A/B from two sides' bundles: the values compared, slow spells, per metric the ratio
+B/A, its interval and decision, the exit code (0 no gated regression; 1 a gated regression or
+undecided; 2 nothing gated compared or a launch failed). Metrics and rules: docs/ab.md."""
 
 from __future__ import annotations
 
@@ -46,10 +43,8 @@ def _num(v: Any) -> float:
 
 
 def metric_values(bundle: ResultBundle) -> pd.DataFrame:
-    """Long table of a side's values: columns ``launch, metric, unit, index, value`` (``index``:
-    the request's place in its launch, 0 for launch-level metrics). Only completed measured
-    requests count; values that are missing, zero or not finite are left out (not measured).
-    Units: :data:`METRIC_UNITS` (s, ms, MiB; stages ms)."""
+    """Long table of a side's measured values, :data:`COLUMNS` (``index``: the request's place in
+    its launch, 0 for launch-level metrics; units :data:`METRIC_UNITS`, stages ms)."""
     rows: list[tuple[Any, str, str, int, float]] = []
     launches = bundle.launches
     req = bundle.measured_requests()
@@ -64,9 +59,7 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
         lab = lr["launch"]
         add(lab, "ready", 0, lr.get("ready_s"))
         add(lab, "first_result", 0, lr.get("first_result_s"))
-        # PSS is read on some samples only, by the cap watchdog (launch row) and the sampler
-        # (memory table) each within its time budget (readings.memory.PSS_DUTY): the peak is the
-        # largest read of either, as memory_budget and offload_modes take it
+        # PSS peak: the larger of the cap watchdog's (launch row) and the sampler's reads
         host = _num(lr.get("host_pss_peak_mib"))
         if not mem.empty and "host_pss_mib" in mem.columns:
             m = mem[(mem["launch"] == lab).fillna(False).to_numpy(bool)]
@@ -101,7 +94,7 @@ def metric_values(bundle: ResultBundle) -> pd.DataFrame:
 
 
 def launch_errors(bundle: ResultBundle) -> dict[str, Any]:
-    """Launch label -> error of each failed launch (start error, crash) of a side's bundle."""
+    """Launch label -> error of each failed launch of a side's bundle."""
     la = bundle.launches
     if la.empty or "error" not in la:
         return {}
@@ -109,9 +102,8 @@ def launch_errors(bundle: ResultBundle) -> dict[str, Any]:
 
 
 def launch_means(values: pd.DataFrame) -> pd.DataFrame:
-    """Per (metric, launch): the launch's one number, the **median** of its values (in the
-    metric's unit; why not the mean: docs/choosing-n-m.md), and how many requests it has.
-    Columns ``metric, launch, unit, value, n``."""
+    """Per (metric, launch) the median of its values and their count: ``metric, launch, unit,
+    value, n`` (why the median: docs/choosing-n-m.md)."""
     if values.empty:
         return pd.DataFrame(columns=["metric", "launch", "unit", "value", "n"])
     g = values.groupby(["metric", "launch"], sort=False)
@@ -119,13 +111,9 @@ def launch_means(values: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """The pairs of a paired A/B (``perfkit ab --paired``: launch ``A<k>`` ran beside ``B<k>``,
-    their requests in turn) for one metric: a row per pair with a value on both sides. Columns
-    ``pair`` (``k``), ``a`` (A's launch median, the metric's unit), ``b``: A's median times
-    the **median over the warm requests of B's request over A's request of the same place** (the
-    host's state cancels request by request); a launch-level metric (ready, cold e2e, peaks)
-    takes B's value itself. ``log b − log a`` is what :func:`perfkit.stats.paired_ratio_interval`
-    averages."""
+    """One metric's pairs of a paired A/B (``A<k>`` ran beside ``B<k>``): ``pair``, ``a`` (A's launch
+    median), ``b`` (A's median times the median ratio B/A of requests of the same place; a
+    launch-level metric: B's value)."""
     rows = []
     va, vb = values_a[values_a["metric"] == metric], values_b[values_b["metric"] == metric]
     by_a = {str(x)[1:]: g for x, g in va.groupby("launch")}
@@ -149,8 +137,7 @@ def paired_values(values_a: pd.DataFrame, values_b: pd.DataFrame, metric: str) -
 
 
 def metric_order(names: Any) -> list[str]:
-    """Metrics in report order: ready, first result, cold e2e, warm e2e, the stages in pipeline
-    order, denoising step, peak VRAM, host peak."""
+    """Metrics in report order: launch and e2e metrics, stages in pipeline order, step, peaks."""
     names = list(dict.fromkeys(names))
     head = [m for m in ("ready", "first_result", "cold_e2e", "warm_e2e") if m in names]
     tail = [m for m in ("denoising_step", "peak_vram", "host_peak") if m in names]
@@ -160,15 +147,14 @@ def metric_order(names: Any) -> list[str]:
 
 #: the metric whose warm requests mark slow spells
 SLOW_METRIC = "DenoisingStage"
-#: a warm request ran in a slow spell when it took more than this × its side's quiet level
+#: a warm request is slow above this × its side's quiet level
 SLOW_FACTOR = 1.05
-#: the quiet level: this quantile of the side's warm requests (linear interpolation, Hyndman-Fan 7;
-#: 1 / it an integer)
+#: the quiet level: this quantile of the side's warm requests (1 / it an integer)
 QUIET_QUANTILE = 0.10
 
 
 def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
-    """Per warm request: median SM clock (MHz), share of samples at a power limit; empty: no clocks."""
+    """Per warm request: median SM clock (MHz), share of samples at a power limit."""
     mem, req, cols = bundle.memory, bundle.requests, ["launch", "index", "sm_mhz", "power_capped"]
     if mem.empty or "sm_clock_mhz" not in mem or mem["sm_clock_mhz"].isna().all():
         return pd.DataFrame(columns=cols)
@@ -183,15 +169,13 @@ def _request_clocks(bundle: ResultBundle) -> pd.DataFrame:
 
 
 def slow_launches(requests: dict[str, np.ndarray]) -> list[str]:
-    """The labels, in the order given, of the launches whose median ran in a slow spell: at least
-    half of their warm requests took more than :data:`SLOW_FACTOR` × the side's quiet level (the
-    :data:`QUIET_QUANTILE` of all the side's warm requests given; :func:`slow_spells`' rule,
-    launch by launch). ``requests``: launch label -> its warm requests' times of one metric (ms)."""
+    """Labels of the launches (label -> warm request ms) with half or more of their requests slow
+    (:func:`slow_spells`' rule)."""
     lists = {k: np.asarray(v, dtype=float).ravel().tolist() for k, v in requests.items()}
     every = [x for v in lists.values() for x in v]
     if not every:
         return []
-    # the sequential replay calls this ~300,000 times: the stdlib's quantiles cost ~1/5 of numpy's
+    # the stdlib's quantiles cost ~1/5 of numpy's (the replay calls this ~300,000 times)
     if len(every) > 1 and all(math.isfinite(x) for x in every):
         quiet = statistics.quantiles(every, n=round(1 / QUIET_QUANTILE), method="inclusive")[0]
     else:
@@ -201,14 +185,9 @@ def slow_launches(requests: dict[str, np.ndarray]) -> list[str]:
 
 
 def slow_spells(values: Mapping[str, pd.DataFrame], bundles: Mapping[str, ResultBundle]) -> pd.DataFrame:
-    """How much of each arm ran in a slow spell (``values``: arm -> :func:`metric_values`;
-    ``bundles``: arm -> its bundle, for the sampler's clocks): warm requests whose
-    :data:`SLOW_METRIC` took more than :data:`SLOW_FACTOR` × the arm's quiet level (the 10th
-    percentile of all its warm requests), and the launches with at least one; where the sampler
-    recorded clocks, the median SM clock (MHz) and the share of samples at a power limit of the
-    slow and the quiet requests. Columns: ``arm, quiet_ms, requests, slow_requests, launches,
-    slow_launches, worst_pct`` (the slowest request over the quiet level, percent), ``slow_sm_mhz,
-    quiet_sm_mhz, slow_power_capped, quiet_power_capped`` (NaN: no clock samples)."""
+    """Per arm, its warm :data:`SLOW_METRIC` requests above :data:`SLOW_FACTOR` × its quiet level:
+    ``arm, quiet_ms, requests, slow_requests, launches, slow_launches, worst_pct``, and the slow
+    and quiet requests' median SM clock (MHz) and power-capped share (NaN: no clock samples)."""
     rows = []
     for arm, v in values.items():
         x = v[(v["metric"] == SLOW_METRIC) & (v["index"] > 0)]
@@ -238,7 +217,7 @@ def slow_spells(values: Mapping[str, pd.DataFrame], bundles: Mapping[str, Result
     return pd.DataFrame(rows)
 
 
-#: the comparison's file in an ab run directory (next to the bundles ``a/`` and ``b/``)
+#: the comparison's file in an ab run directory
 RESULT_FILE = "ab.json"
 #: columns of :attr:`AbResult.table`
 TABLE_COLUMNS = (
@@ -249,15 +228,10 @@ TABLE_COLUMNS = (
 
 @dataclass
 class AbResult:
-    """One A/B decision. ``table``: one row per metric, :data:`TABLE_COLUMNS`: ``a``/``b``
-    geometric means of the launch medians (metric unit: ms, s, MiB), ``ratio`` B/A with [``low``,
-    ``high``] at the two-sided ``confidence``, ``threshold`` (fraction), ``decision`` (one of
-    :data:`perfkit.stats.DECISIONS`), launches used, ``launches_needed`` a side to decide
-    (Kalibera–Jones sizing; NA when decided or unknown), the variance split (ICC, CVs
-    between/within launches, of log values), ``gated`` (its regression sets the exit code: every
-    metric unless ``--gate-metrics`` named some), ``reason`` in words. ``launch_means``: ``side,
-    metric, launch, unit, value, n``, each launch's median. ``exit_code``: 0, 1 or 2 (module doc).
-    ``meta``: how it was run (order, load averages, specs, N, M, threshold source, errors)."""
+    """One A/B decision. ``table``: a row per metric, :data:`TABLE_COLUMNS` (``a``/``b`` geometric
+    means of launch medians in the metric's unit, ``ratio`` B/A with ``low``/``high``, ``decision``
+    one of :data:`perfkit.stats.DECISIONS`); ``launch_means`` each launch's median; ``meta`` how
+    it was run."""
 
     table: pd.DataFrame
     launch_means: pd.DataFrame
@@ -267,16 +241,12 @@ class AbResult:
 
     @property
     def decisions(self) -> dict[str, str]:
-        """metric -> decision."""
         return dict(zip(self.table["metric"], self.table["decision"]))
 
     @property
     def verdict(self) -> str:
-        """``regression`` (exit 1), ``undecided`` (exit 1: a gated metric still inconclusive at
-        the sequential maximum, :attr:`undecided`), ``error`` (exit 2), else ``inconclusive``
-        when some gated metric could not be decided (exit 0: no regression found, but not every
-        metric was cleared; ``--undecided pass``, or a comparison outside the procedure), else
-        ``no regression``."""
+        """``regression``, ``undecided`` (exit 1), ``error`` (exit 2), ``inconclusive`` (exit 0, a
+        gated metric not decided), else ``no regression``."""
         decisions = set(self.table.loc[self.gated, "decision"])
         if self.exit_code == EXIT_REGRESSION:
             return "undecided" if self.undecided and "regression" not in decisions else "regression"
@@ -286,24 +256,22 @@ class AbResult:
 
     @property
     def undecided(self) -> list[str]:
-        """Gated metrics the sequential procedure left inconclusive at its maximum
-        (``meta["sequential"]["undecided"]``; :mod:`perfkit.ab.sequential`)."""
+        """Gated metrics the sequential procedure left inconclusive at its maximum."""
         return list((self.meta.get("sequential") or {}).get("undecided") or [])
 
     @property
     def gated(self) -> pd.Series:
-        """Per table row, whether its regression sets the exit code (booleans)."""
         return self.table["gated"].astype(bool)
 
     @property
     def gated_unmeasured(self) -> list[str]:
-        """Gated metrics that were not measured on both sides (they gate nothing)."""
+        """Gated metrics not measured on both sides."""
         t = self.table
         return list(t.loc[(t["decision"] == "not measured") & self.gated, "metric"])
 
     @property
     def ungated_regressions(self) -> list[str]:
-        """Metrics called a regression that do not set the exit code (``--gate-metrics``)."""
+        """Metrics called a regression that do not set the exit code."""
         t = self.table
         return list(t.loc[(t["decision"] == "regression") & ~self.gated, "metric"])
 
@@ -346,7 +314,7 @@ class AbResult:
 
 
 def _gated_column(table: pd.DataFrame, gate: Any, path: Path) -> list[bool]:
-    """Each row's ``gated``; a null one from the run's ``meta.gate_metrics`` (None: every metric)."""
+    """Each row's ``gated``; a null one from the run's ``meta.gate_metrics``."""
     out = []
     for metric, v in zip(table["metric"], table["gated"]):
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -368,14 +336,10 @@ def compare(
     gate: Sequence[str] | None = None,
     paired: bool = False,
 ) -> AbResult:
-    """Compare two sides' :func:`metric_values` tables into an :class:`AbResult` (its ``meta``
-    empty: the caller adds how it ran). ``threshold`` (fraction) decides metrics without their own
-    in ``thresholds``; ``confidence``: two-sided; any ``failed_launches`` makes the exit code 2.
-    ``gate``: the metrics whose regression sets the exit code (``--gate-metrics``; None: every
-    metric; none of them measured on both sides: exit 2). ``paired``: launch ``A<k>`` ran beside
-    ``B<k>``: paired t intervals over the pairs (:func:`paired_values`); else Welch's over launch
-    medians. Raises ValueError: threshold or confidence not in (0, 1); ``gate`` empty, or naming a
-    metric neither side has (the message lists those compared)."""
+    """Compare two sides' :func:`metric_values` into an :class:`AbResult` (``meta`` empty): Welch
+    intervals over launch medians, or paired ones (:func:`paired_values`); ``gate`` None: every
+    metric gates; any ``failed_launches``: exit 2. Raises ValueError: threshold or confidence not
+    in (0, 1); ``gate`` empty or naming a metric not compared (those compared listed)."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a fraction in (0, 1), got {threshold}")
     thresholds = dict(thresholds or {})
@@ -458,19 +422,16 @@ def compare(
     return AbResult(table=table, launch_means=lm, exit_code=code, confidence=confidence)
 
 
-#: what two sides of an A/B must share: what they measured, its shape, the GPU it ran on (the
-#: engines may differ: that is what an A/B compares)
+#: what two sides of an A/B must share (the engines may differ)
 SIDE_IDENTITY = ("investigation", "gpu_name", *(f"request.{k}" for k in ("num_frames", *IDENTITY_REQUEST)))
 
 
 def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
-    """Why sides ``a`` and ``b`` cannot be one A/B (:data:`SIDE_IDENTITY` read from each
-    bundle's meta), one ``"request.height: A 64, B 512"`` a difference; [] when they can. A
-    field neither side records is not compared; one side recording it and the other not is a
-    difference (a hand-made bundle against a measured one)."""
+    """Why ``a`` and ``b`` cannot be one A/B: one ``"request.height: A 64, B 512"`` for each
+    :data:`SIDE_IDENTITY` field that differs (one side lacking it included); [] when they can."""
 
     def field(bd: ResultBundle, key: str) -> Any:
-        if key == "investigation":  # meta.json's ``scenario``
+        if key == "investigation":
             return bd.investigation
         if key.startswith("request."):
             return ((bd.meta.get("params") or {}).get("request") or {}).get(key.split(".", 1)[1])
@@ -484,10 +445,8 @@ def incomparable(a: ResultBundle, b: ResultBundle) -> list[str]:
 
 
 def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, float]:
-    """Per-metric thresholds from a recorded A/A run (its ``ab.json``): each metric's largest
-    distance of its interval ends from 1, never below ``floor``, so that A/A would have said "no
-    change" for it. Metrics the A/A could not bound are left out (they keep the default).
-    Raises FileNotFoundError: no ab.json at ``path``; ValueError: none has an interval."""
+    """Per-metric thresholds from a recorded A/A's ``ab.json``: each interval end's largest distance
+    from 1, at least ``floor``. Raises FileNotFoundError: no ab.json; ValueError: no interval."""
     t = AbResult.load(path).table
     t = t[np.isfinite(t["low"]) & np.isfinite(t["high"])]
     out = {
@@ -501,9 +460,7 @@ def thresholds_from_run(path: str | Path, floor: float = 0.01) -> dict[str, floa
 
 
 def needed_text(res: "AbResult", metrics: list[str]) -> str:
-    """Each of ``metrics`` (inconclusive) with its B/A and the launches a side that would decide
-    it, sized from its observed B/A and noise (``launches_needed``,
-    :func:`perfkit.stats.launches_needed`): "M (B/A +3.1 %: about 9 launches a side), ..."."""
+    """ "M (B/A +3.1 %: about 9 launches a side), ..." for each of ``metrics``."""
     t = res.table.set_index("metric")
     out = []
     for m in metrics:

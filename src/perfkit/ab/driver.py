@@ -1,11 +1,6 @@
-"""Run an A/B: balanced interleaved launches (``A B B A …``) of two or more engine specs, each a
-:func:`perfkit.measuring.launch_rows.measure_launch`, into a bundle per side with the host's load
-averages in its meta (the runner may be shared).
-
-Paired launches (``perfkit ab --paired``): an A and a B launch run side by side, their requests
-in turn (A's cold request, B's, A's first warm one, …; never overlapping). :class:`Alternation`
-is the turnstile; :func:`run_pair` runs the two launches on two threads. Why and what it costs:
-docs/choosing-n-m.md, "Paired launches"."""
+"""Run an A/B: balanced interleaved launches (``A B B A …``) of two or more engine specs into a
+bundle per side, or paired launches side by side, their requests in turn (docs/choosing-n-m.md,
+"Paired launches")."""
 
 from __future__ import annotations
 
@@ -53,20 +48,11 @@ def run_arms(
     profile: ProfileParams | None = None,
     paired: bool = False,
 ) -> dict[str, ResultBundle]:
-    """Run launches of several engine specs ("arms": A, and B, C, … each a variant of it: a power
-    pool) in one balanced interleaved order, a bundle per arm under ``out/<arm in lower case>``,
-    saved after every launch (a pool cut short keeps what it ran); its meta ``ab`` holds the
-    order, the load averages and the wall time. ``launches``: a side, or arm -> launches. Never
-    raises for engine failures: a failed launch keeps its error in its ``launches`` row, with any
-    process that outlived its teardown (ended by :class:`perfkit.engine.owner.Watch`).
-    ``extend``: once the planned order has run, called with the bundles so far, returns the arms
-    to launch next (empty: stop); ``meta`` is added to every bundle's meta ``ab``. ``profile``:
-    after the measured launches, one extra launch per arm (``profiled-<arm>``, outside the order,
-    counts and metrics) profiles a cold and a warm request into that arm's bundle. ``paired``
-    (arms A and B, equal counts): an A and a B launch at a time, side by side, their requests in
-    turn (:func:`run_pair`; ``extend`` returns two arms; meta ``ab``: ``paired``, ``pair_turns``).
-    Raises ValueError: warm < 1, a launch count < 1, or a count for an arm without a spec; paired
-    with arms other than A and B, unequal counts, or an extension that is not a pair."""
+    """Run launches of arms A, B, C, … in one interleaved order, a bundle per arm saved under
+    ``out/<arm>`` after every launch (meta ``ab``: order, load averages, wall time, ``meta``).
+    ``extend(bundles)`` returns the arms to launch next once the order has run; ``profile`` adds
+    one profiled launch per arm. Engine failures stay in the ``launches`` rows. Raises
+    ValueError: warm < 1, a bad launch count, a paired run that is not pairs of A and B."""
     if warm < 1:
         raise ValueError(f"warm requests a launch must be >= 1, got {warm}")
     counts = {arm: launches for arm in specs} if isinstance(launches, int) else dict(launches)
@@ -83,7 +69,7 @@ def run_arms(
     loads: dict[str, Any] = {}
     t0 = time.time()
     bundles: dict[str, ResultBundle] = {}
-    with tqdm(total=len(order), desc="ab launches", unit="launch") as bar:  # closed on an interrupt too
+    with tqdm(total=len(order), desc="ab launches", unit="launch") as bar:
         pos = 0
         while pos < len(order) or (extend is not None and _extended(order, extend, bundles, bar)):
             group = order[pos : pos + 2] if paired else [order[pos]]
@@ -93,7 +79,7 @@ def run_arms(
             if paired:
                 meta["pair_turns"][key] = ran
             pos += len(group)
-            # saved after every launch: a pool cut short (a lost host, a killed job) keeps what it ran
+            # saved after every launch: a pool cut short keeps what it ran
             bundles = _save_arms(specs, request, counts, warm, out, data, order[:pos], loads, t0, meta)
             bar.update(len(group))
             failed = [x.label for ds in data.values() for x in ds if x.error]
@@ -107,7 +93,6 @@ def run_arms(
                 specs[arm], request, profile, out / "launches", label=f"profiled-{arm.lower()}"
             )
 
-        # paired: the two profiled launches side by side too, as their measured pairs ran
         got = run_pair("A", "B", profiled)[0] if paired else {arm: profiled(arm) for arm in bundles}
         for arm, b in bundles.items():
             attach(b, *got[arm])
@@ -125,7 +110,7 @@ def _launch(
     data: dict[str, list[LaunchData]],
     loads: dict[str, Any],
 ) -> tuple[str, list[str]]:
-    """One launch, or a pair side by side; returns its key (``"A00+B00"``) and, paired, the request order."""
+    """One launch or a pair; returns its key (``"A00+B00"``) and, paired, the request order."""
     labels = {arm: f"{arm}{len(data[arm]):02d}" for arm in group}
     for k, arm in enumerate(group):
         loads[labels[arm]] = {"position": pos + k, "loadavg": _loadavg()}
@@ -149,7 +134,7 @@ def _launch(
 
 
 def _extended(order: list[str], extend: Callable[..., Sequence[str]], bundles: Any, bar: Any) -> bool:
-    """Append ``extend(bundles)`` to ``order`` (and to the bar's total); whether it added any."""
+    """Append ``extend(bundles)`` to ``order``; whether it added any."""
     more = list(extend(bundles))
     order += more
     bar.total = len(order)
@@ -168,7 +153,7 @@ def _save_arms(
     t0: float,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, ResultBundle]:
-    """Assemble and save the bundle of each arm that has launches so far (``out/<arm>``)."""
+    """Assemble and save the bundle of each arm that has launches so far."""
     meta_ab = {
         "order": [f"{s}{done[:i].count(s):02d}" for i, s in enumerate(done)],
         "launches_per_side": counts["A"] if len(set(counts.values())) == 1 else dict(counts),
@@ -197,9 +182,8 @@ def _save_arms(
 
 
 class Alternation:
-    """Two sides' requests in turn: ``first``'s request 0, ``second``'s request 0, ``first``'s
-    request 1, … A side that has ended (its launch failed, or it ran all its requests) no longer
-    holds the other up. ``first``, ``second``: the side names (e.g. "A", "B")."""
+    """Two sides' requests in turn (``first``'s 0, ``second``'s 0, ``first``'s 1, …); a side that
+    has ended no longer holds the other up."""
 
     def __init__(self, first: str, second: str) -> None:
         self._cv = threading.Condition()
@@ -211,8 +195,7 @@ class Alternation:
 
     @contextlib.contextmanager
     def turn(self, side: str, i: int) -> Iterator[None]:
-        """Wait until it is ``side``'s turn (or the other side has ended), run the block, pass
-        the turn on. Raises KeyError for a side that is not one of the two."""
+        """Wait for ``side``'s turn (or the other's end), run the block, pass the turn on."""
         other = self._other[side]
         with self._cv:
             self._cv.wait_for(lambda: self._turn == side or other in self._ended)
@@ -235,11 +218,9 @@ class Alternation:
 def run_pair(
     first: str, second: str, measure: Callable[[str, Callable[[int], Any]], Any]
 ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
-    """Run ``measure(side, turn)`` for both sides at once, on two threads, their requests in
-    turn (``turn(i)``: the context manager around request ``i``, ``measure_launch``'s ``turn``).
-    Returns ({side: what its ``measure`` returned}, the (side, request index) order they ran in).
-    Raises whatever a ``measure`` raised (the first side's first) once both threads ended, and
-    KeyboardInterrupt as the main thread received it (each launch's teardown ends its engine)."""
+    """Run ``measure(side, turn)`` for both sides on two threads, ``turn(i)`` the context around
+    request ``i``. Returns ({side: result}, the (side, request index) order they ran in); raises
+    what a ``measure`` raised once both threads ended."""
     alt = Alternation(first, second)
     results: dict[str, Any] = {}
     errors: dict[str, BaseException] = {}

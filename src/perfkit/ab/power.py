@@ -1,10 +1,6 @@
-"""Power of ``perfkit ab`` from a recorded pool of A/B launches
-(:func:`perfkit.ab.driver.run_arms`): its arms and description (:data:`POOL_FILE`), loaded and
-checked (:func:`load_pool`, :func:`arm_warnings`), each launch's log medians
-(:func:`log_medians`), the variance split per metric (:func:`variance_table`), and A/A
-false-alarm and detection rates for each N, M and decision setting (:func:`power_table`,
-:func:`recommend`). Draws share launches, so the rates describe one pool, not independent
-experiments; how the draws are made: docs/choosing-n-m.md."""
+"""Power of ``perfkit ab`` from a recorded pool of A/B launches: the pool loaded and checked, the
+variance split per metric, A/A false-alarm and detection rates for each N, M and setting. Draws
+share launches, so the rates describe one pool; how they are made: docs/choosing-n-m.md."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from perfkit import stats
 from perfkit.ab.decide import metric_values
 from perfkit.bundle import ResultBundle
 
-#: the pool's description (arms, their slowdowns and target metrics), next to the bundles
+#: the pool's description (arms, their slowdowns and target metrics)
 POOL_FILE = "pool.json"
 #: the metrics whose alarms and detections are reported one by one, and the gate's metrics
 KEY_METRICS = ("DenoisingStage", "warm_e2e")
@@ -32,12 +28,9 @@ UNTOUCHED = "TextEncodingStage"
 
 @dataclass
 class Pool:
-    """A recorded power pool: its ``path``; ``values`` (arm "A", "B", … ->
-    :func:`perfkit.ab.decide.metric_values` of its bundle); ``arms`` (B arm ->
-    ``{"DenoisingStage_pct": float, "target": metric}``, from ``pool.json``, else the arm's engine
-    spec with target DenoisingStage); ``warm`` requests a launch (its M); ``meta`` (the A bundle's
-    ``meta["ab"]``: order, load averages, wall time); ``bundles`` (arm -> its bundle: requests'
-    times, the sampler's clocks and power)."""
+    """A recorded power pool: ``values`` (arm -> :func:`perfkit.ab.decide.metric_values`), ``arms``
+    (B arm -> ``{"DenoisingStage_pct", "target"}``), ``warm`` requests a launch, ``meta`` (the A
+    bundle's ``meta["ab"]``)."""
 
     path: Path
     values: dict[str, pd.DataFrame]
@@ -47,13 +40,11 @@ class Pool:
     bundles: dict[str, ResultBundle] = field(default_factory=dict)
 
     def launches(self, arm: str) -> list[str]:
-        """The arm's launch labels, sorted."""
         return sorted(self.values[arm]["launch"].unique())
 
 
 class Arm(BaseModel):
-    """One B arm as ``pool.json`` describes it: the injected share of DenoisingStage (percent)
-    and the metric it is meant to be caught on."""
+    """One B arm of ``pool.json``: the injected DenoisingStage slowdown (percent), its metric."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -62,23 +53,21 @@ class Arm(BaseModel):
 
 
 class PoolFile(BaseModel):
-    """``pool.json``: the arms (B, C, …) and, informative only, what was asked when recording."""
+    """``pool.json``: the arms (B, C, …) and what was asked when recording."""
 
     model_config = ConfigDict(extra="allow")
 
     arms: dict[str, Arm]
 
 
-#: the tables a pool's bundles must have (a pool without them has nothing to compare)
+#: the tables a pool's bundles must have
 NEEDED_TABLES = ("requests.parquet", "stages.parquet", "launches.parquet")
 
 
 def load_pool(path: str | Path) -> Pool:
     """Read a pool directory (``a/``, a directory per B arm, optional :data:`POOL_FILE`). Raises
-    FileNotFoundError: no ``a/`` bundle, no B arm bundle, or an arm without one of
-    :data:`NEEDED_TABLES` (the file is named); ValueError: ``pool.json`` unreadable or invalid (the
-    key is named), naming an arm without a bundle or in lower case, describing no arm; an arm
-    without a spec'd slowdown; a launch without a warm DenoisingStage time (named)."""
+    FileNotFoundError: a missing bundle or table (named); ValueError: a bad ``pool.json`` (the key
+    named), an arm without a slowdown, a launch without a warm DenoisingStage time (named)."""
     p = Path(path)
     if not (p / "a" / "meta.json").exists():
         raise FileNotFoundError(
@@ -131,8 +120,7 @@ def load_pool(path: str | Path) -> Pool:
     for arm, v in values.items():
         if not (v["metric"] == "DenoisingStage").any():
             raise ValueError(f"{p / arm.lower()}: no completed warm request with a DenoisingStage time")
-        # a launch without a warm DenoisingStage would sit in every draw as "no interval":
-        # rates biased down without a word, so it is an error naming the launch
+        # such a launch would bias every rate down without a word
         la = bundles[arm].launches
         listed = [str(x) for x in la["launch"]] if not la.empty and "launch" in la else []
         warm_den = set(v.loc[(v["metric"] == "DenoisingStage") & (v["index"] >= 1), "launch"].astype(str))
@@ -147,10 +135,8 @@ def load_pool(path: str | Path) -> Pool:
 
 
 def arm_warnings(pool: Pool, tolerance_pp: float = 1.0) -> dict[str, str]:
-    """Arms whose measured DenoisingStage change (ratio of geometric means of launch medians over
-    the whole pool) is further from the asked share than ``tolerance_pp`` percentage points or
-    half the asked share, whichever is larger: their rates do not describe the asked change
-    (an injection that overshot, or a host that swamped it). arm -> the sentence."""
+    """arm -> a sentence, for arms whose measured DenoisingStage change is further from the asked one
+    than ``tolerance_pp`` points or half of it, whichever is larger."""
     var = variance_table(pool, ["DenoisingStage"])
     out = {}
     for arm, info in pool.arms.items():
@@ -165,20 +151,16 @@ def arm_warnings(pool: Pool, tolerance_pp: float = 1.0) -> dict[str, str]:
 
 
 def log_medians(values: pd.DataFrame, m: int) -> pd.DataFrame:
-    """Log of each launch's median over its first ``m`` warm requests (launch-level metrics as
-    they are): a frame indexed by launch with one column per metric (NaN: not measured there)."""
+    """Log of each launch's median over its first ``m`` warm requests: launch x metric (NaN: not
+    measured)."""
     v = values[(values["index"] <= m) | (values["index"] == 0)]
     med = v.groupby(["launch", "metric"])["value"].median().unstack("metric")
     return np.log(med.astype(float))
 
 
 def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per metric: CV between and within launches and the ICC of all arms together (each arm's
-    mean removed; :func:`perfkit.stats.variance_split`), the launch-median CV of A (for
-    one-value-a-launch metrics, the only spread there is), and each B arm's measured ratio B/A
-    over the whole pool (percent change).
-
-    Columns: ``metric, cv_between, cv_within, icc, cv_launch_a`` (fractions) and ``<arm>_pct``."""
+    """Per metric: ``cv_between``, ``cv_within``, ``icc`` of all arms (each arm's mean removed),
+    ``cv_launch_a`` (A's launch medians) and each B arm's measured change ``<arm>_pct``."""
     names = list(metrics or (*KEY_METRICS, UNTOUCHED, "denoising_step", "cold_e2e", "ready"))
     both = pd.concat([v.assign(side=arm) for arm, v in pool.values.items()], ignore_index=True)
     med = {arm: log_medians(v, pool.warm) for arm, v in pool.values.items()}
@@ -203,23 +185,21 @@ def variance_table(pool: Pool, metrics: Sequence[str] | None = None) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-#: up to this many ways to pick the launches, every way is taken (exact rates for the pool)
+#: up to this many ways to pick the launches, every way is taken
 MAX_EXACT = 100_000
 
 
 def _rate(hits: np.ndarray, has: np.ndarray) -> float:
-    """Share of draws with a hit (a draw without an interval: no hit); no draw with one: NaN, never 0."""
+    """Share of draws with a hit; NaN (never 0) when no draw has an interval."""
     return float(np.mean(hits)) if has.any() else math.nan
 
 
 def _draws(rng: np.random.Generator, n_launches: int, k: int, sims: int) -> np.ndarray:
-    """(sims, k) indices: k distinct launches of n_launches in each row."""
     return np.argsort(rng.random((sims, n_launches)), axis=1)[:, :k]
 
 
 Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-#: draws of one kind: (launch index groups (G, n), each draw's first side (rows,) and second side
-#: (rows,) as rows of the groups, every way taken); a group's moments are reduced once
+#: (launch index groups (G, n), each draw's first and second side as rows of them, every way taken)
 Ways = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 
 
@@ -251,7 +231,7 @@ def _ab_ways(rng: np.random.Generator, n_a: int, n_b: int, n: int, sims: int) ->
 
 
 def _moments(xa: np.ndarray, xb: np.ndarray, ways: Ways | None) -> tuple[Moments | None, int, bool | None]:
-    """(Welch (d, se, df, bad) of the draws, the draws, every way taken); None ways: (None, 0, None)."""
+    """(Welch (d, se, df, bad) of the draws, the draws, every way taken)."""
     if ways is None:
         return None, 0, None
     ga, pa, gb, pb, exact = ways
@@ -268,21 +248,11 @@ def power_table(
     sims: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Resampled rates of a :func:`load_pool` pool for every B arm, N (``n``, launches a side; an
-    A/A needs 2N distinct A launches: NaN rates where the pool has fewer), M (``m``, warm requests
-    a launch; default 1, 3, 5 and the pool's own M, those ≤ it) and (threshold, confidence) of
-    ``settings`` (a regression: an interval wholly above 1 + threshold, :func:`perfkit.stats.decide`).
-    ``sims`` random draws (seeded by ``seed``) per (arm, N, M) where there are more than
-    :data:`MAX_EXACT` ways to pick the launches; up to that, every way once (exact for the pool).
-
-    One row per (arm, n, m, threshold, confidence) with ``slowdown_pct`` (of DenoisingStage),
-    ``target``, ``launches_a``, ``launches_b`` (the pool), ``aa_covers`` (DenoisingStage
-    interval holds 1), ``aa_alarm_<metric>`` for :data:`KEY_METRICS`, ``aa_alarm_any``,
-    ``detect_<metric>`` for :data:`KEY_METRICS`, ``detect_any`` (the B draw's exit code is 1:
-    any metric called a regression), ``detect_gate`` and ``aa_alarm_gate`` (the exit code of
-    ``perfkit ab --gate-metrics DenoisingStage,warm_e2e``: any key metric called a regression),
-    ``alarm_untouched`` (fractions of the draws); ``aa_ways``/``ab_ways`` (how many draws) and
-    ``aa_exact``/``ab_exact`` (every way taken; None: no draw). Raises ValueError: a setting
+    """Resampled rates for every B arm, N launches a side, M warm requests (default 1, 3, 5 and the
+    pool's) and (threshold, confidence): every way to pick the launches up to :data:`MAX_EXACT`,
+    else ``sims`` draws. A row per setting: ``aa_covers``, ``aa_alarm_``/``detect_`` ``<metric>``
+    (:data:`KEY_METRICS`), ``_any``, ``_gate``, ``alarm_untouched`` (fractions; NaN: nothing
+    drawn), ``aa_ways``/``ab_ways``, ``aa_exact``/``ab_exact``. Raises ValueError: a setting
     outside (0, 1), or N < 2."""
     settings = [(float(t), float(c)) for t, c in settings]
     for t, c in settings:
@@ -316,7 +286,6 @@ def power_table(
             )
             for arm, info in pool.arms.items():
                 b = med[arm].reindex(columns=cols)
-                # N launches of each side: none drawn (no rate) when either side has fewer
                 ways = _ab_ways(rng, len(a), len(b), nn, sims) if nn <= min(len(a), len(b)) else None
                 ab, ab_ways, ab_exact = _moments(la, b.to_numpy(), ways)
                 for thr, conf in settings:
@@ -345,7 +314,7 @@ def power_table(
 def _rates(
     mom: Moments | None, conf: float, cols: list[str], gate: list[int], up: float, aa: bool
 ) -> dict[str, float]:
-    """A/A (``aa``) or detection rates of a row (None moments: NaN); regression: low end > ``up``."""
+    """A/A (``aa``) or detection rates of a row; a regression's low end is above ``up``."""
     pre = "aa_alarm" if aa else "detect"
     keys = [f"{pre}_{m}" for m in KEY_METRICS]
     row = dict.fromkeys(
@@ -355,7 +324,7 @@ def _rates(
         return row
     has = ~mom[3]
     low, high = stats.log_ends(*mom, conf)
-    reg = low > up  # NaN (no interval) is never above
+    reg = low > up
 
     def rate(metric: str, hit: np.ndarray) -> float:
         return _rate(hit[:, cols.index(metric)], has[:, cols.index(metric)]) if metric in cols else math.nan
@@ -370,7 +339,7 @@ def _rates(
     return row
 
 
-#: what each judgement of :func:`recommend` means, in words (Markdown)
+#: what each judgement of :func:`recommend` means (Markdown)
 JUDGEMENTS = {
     "key": "each arm caught on its own metric; false alarms of DenoisingStage and warm e2e",
     "gate": "the exit code with `--gate-metrics DenoisingStage,warm_e2e`",
@@ -387,15 +356,10 @@ _JUDGED = {
 def recommend(
     table: pd.DataFrame, detect_min: float = 0.95, alarm_max: float = 0.01, alarm: str = "key"
 ) -> pd.DataFrame:
-    """The cheapest settings that meet the targets: rows of :func:`power_table` (one per setting
-    and N, M, all arms together) where every arm's detection is at least ``detect_min`` and the
-    A/A false-alarm rate is at most ``alarm_max``, judged as ``alarm`` says (:data:`JUDGEMENTS`:
-    ``"key"`` each arm's ``target`` metric and the worst of :data:`KEY_METRICS`, ``"gate"`` the
-    ``*_gate`` columns, ``"any"`` the ``*_any`` ones). Sorted by N, then M, then false alarms;
-    empty when nothing meets them. A NaN rate (nothing drawn) never meets a target. Columns
-    ``threshold, confidence, n, m, detect_min_seen, alarm_max_seen``. Raises ValueError: ``alarm``
-    is not one of the three; ``detect_min`` or ``alarm_max`` is not a fraction in [0, 1];
-    ``table`` lacks a column the judgement needs (not a :func:`power_table` of this perfkit)."""
+    """The settings (N, M, threshold, confidence) of a :func:`power_table` whose every arm detects at
+    least ``detect_min`` with A/A alarms at most ``alarm_max``, judged as ``alarm``
+    (:data:`JUDGEMENTS`) says; cheapest first, NaN never meets. Raises ValueError: a bad
+    ``alarm``, a target not a fraction, or a column the judgement needs missing."""
     if alarm not in _JUDGED:
         raise ValueError(f"alarm must be one of {sorted(_JUDGED)}, got {alarm!r}")
     for name, v in (("detect_min", detect_min), ("alarm_max", alarm_max)):
@@ -414,12 +378,10 @@ def recommend(
         raise ValueError(f"table lacks {missing} (not a power_table() of this perfkit)")
     t["detect"] = t[det_col] if det_col else [r[f"detect_{r['target']}"] for _, r in t.iterrows()]
     t["alarm"] = t[list(alarm_cols)].max(axis=1, skipna=False)
-    # NaN (no rate: nothing drawn) is never "met": min/max keep it
     g = t.groupby(["threshold", "confidence", "n", "m"], as_index=False).agg(
         detect_min_seen=("detect", lambda x: x.min(skipna=False)),
         alarm_max_seen=("alarm", lambda x: x.max(skipna=False)),
     )
     ok = g[(g["detect_min_seen"] >= detect_min) & (g["alarm_max_seen"] <= alarm_max)]
-    # the fewest launches, then requests; among equals the fewest false alarms, then the most detections
     ok = ok.sort_values(["n", "m", "alarm_max_seen", "detect_min_seen"], ascending=[True, True, True, False])
     return ok.astype({"n": int, "m": int}).reset_index(drop=True)

@@ -1,10 +1,6 @@
-"""The sequential procedure of ``perfkit ab``, launch until every gated metric is decided: the
-design (:class:`Design`), alpha spending (:func:`spent_alpha`), the walk over launches a side
-(:class:`Walker`, :class:`Walk`); run live (:func:`run_sequential`), decide a recorded A/B
-(:func:`decide_sequential`) and replay it on a recorded pool (:func:`replay_pool`,
-:func:`replay_summary`). The method (looks, alpha spending, slow spells) and its sources are in
-docs/choosing-n-m.md, "Launching until decided". Ratios and confidences are fractions; launches
-are counts a side."""
+"""The sequential procedure of ``perfkit ab``: launch until every gated metric is decided; run
+live, decide a recording, replay a pool. Method and sources: docs/choosing-n-m.md, "Launching
+until decided". Ratios and confidences are fractions; launches are counts a side."""
 
 from __future__ import annotations
 
@@ -55,13 +51,9 @@ def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> floa
 
 @dataclass(frozen=True)
 class Design:
-    """How a sequential A/B runs and decides: ``min_launches`` a side at the first look (>= 2: an
-    interval needs 2); ``max_launches`` run a side at most (replacements count, >= min_launches);
-    ``confidence``, two-sided over all looks and gated metrics (α = 1 − confidence); the
-    alpha-``spending`` function (:data:`SPENDINGS`); ``slow_rule`` for launches in a slow spell
-    (:data:`SLOW_RULES`); ``paired``: launch ``i`` of A ran beside launch ``i`` of B (``perfkit ab
-    --paired``): paired t intervals (:func:`perfkit.stats.paired_ratio_interval`), no launch
-    replaced (``slow_rule`` must be ``keep``). Raises ValueError naming a field out of range."""
+    """How a sequential A/B runs: launches a side at the first look (>= 2) and at most (replacements
+    count); ``confidence`` two-sided over all looks and gated metrics; ``paired``: launch i of A ran
+    beside launch i of B (``slow_rule`` must be ``keep``). Raises ValueError naming a field."""
 
     min_launches: int = DEFAULT_MIN_LAUNCHES
     max_launches: int = DEFAULT_MAX_LAUNCHES
@@ -92,9 +84,7 @@ class Design:
             )
 
     def look_confidence(self, n: int) -> float:
-        """The two-sided confidence of the look with ``n`` launches a side:
-        1 − (α(n / max) − α((n − 1) / max)), the first look (``min_launches``) spending α(min / max);
-        each of K gated metrics then gets 1 − (that share) / K (:class:`Walker`)."""
+        """Two-sided confidence of the look at ``n`` launches a side: 1 − (α(n/max) − α((n−1)/max))."""
         alpha = 1.0 - self.confidence
         hi = spent_alpha(n / self.max_launches, alpha, self.spending)
         lo = 0.0 if n <= self.min_launches else spent_alpha((n - 1) / self.max_launches, alpha, self.spending)
@@ -117,8 +107,7 @@ class Design:
 
 @dataclass
 class Look:
-    """One look: ``n`` launches a side (the first ``n`` kept launches of each), the interval's
-    confidence, the launches used and per gated metric ``ratio, low, high, decision`` (B/A)."""
+    """One look at ``n`` kept launches a side: per gated metric ``ratio, low, high, decision`` (B/A)."""
 
     n: int
     confidence: float
@@ -130,13 +119,9 @@ class Look:
 
 @dataclass
 class Walk:
-    """Where the procedure stands after the launches run so far: the ``looks`` taken, in order;
-    why it stopped (``stop``: ``decided``, ``regression``, ``maximum``, ``failed``; None: keep
-    launching) and the ``reason`` in words; ``next_arm`` ("A"/"B") to launch while ``stop`` is
-    None; ``used`` launches of the order read (a replay may hold more), of them ``run`` (side ->
-    labels, in order); ``replaced`` (side -> launches left out as run in a slow spell);
-    ``spell_kept`` (sides whose slow launches were kept: half or more marked, the host's state);
-    ``undecided`` (gated metrics still inconclusive when it stopped at the maximum)."""
+    """Where the procedure stands: ``stop`` (``decided``, ``regression``, ``maximum``, ``failed``;
+    None: launch ``next_arm``), ``run`` and ``replaced`` (side -> labels), ``spell_kept`` (sides
+    with half or more marked slow, all kept), ``undecided`` (inconclusive at the maximum)."""
 
     looks: list[Look] = field(default_factory=list)
     stop: str | None = None
@@ -186,14 +171,12 @@ def _look(
     design: Design,
     position: int,
 ) -> Look:
-    # the look's share of α, split evenly over the gated metrics (Bonferroni): the exit code reads
-    # any of them, so its false-alarm rate, not each metric's, is what the spending bounds
+    # the look's share of α split over the gated metrics (Bonferroni): the exit code reads any
     conf = 1.0 - (1.0 - design.look_confidence(n)) / max(1, len(metrics))
     use = {s: kept[s][:n] for s in ("A", "B")}
-    none = np.full(len(metrics), np.nan)  # a launch without any value: not measured there
+    none = np.full(len(metrics), np.nan)
     xa, xb = (np.array([logmed[s].get(x, none) for x in use[s]], float).reshape(n, -1) for s in "AB")
     out: dict[str, dict[str, Any]] = {}
-    # paired: kept == run (nothing replaced): launch i of A is the pair of B's
     interval = stats.paired_ratio_interval if design.paired else stats.ratio_interval
     for k, metric in enumerate(metrics):
         iv = interval(np.exp(xa[:, k]), np.exp(xb[:, k]), conf)
@@ -204,12 +187,9 @@ def _look(
 
 
 class Walker:
-    """The procedure, one launch at a time (:meth:`add`; :meth:`feed` a whole order): after each
-    launch, replace slow-spell launches, look when both sides have a new ``n`` ≥ ``min_launches``
-    kept launches, stop at a regression, with every gated metric decided, or at the maximum.
-    ``logmed`` (side -> label -> log launch medians of ``metrics``, NaN: not measured) and ``slow``
-    (side -> label -> warm :data:`SLOW_METRIC` times, ms) may grow between calls of :meth:`add`;
-    ``thresholds``: each gated metric's (fraction); at the first of ``failed`` the walk stops."""
+    """The procedure one launch at a time over ``logmed`` (side -> label -> log launch medians of
+    ``metrics``) and ``slow`` (side -> label -> warm :data:`SLOW_METRIC` ms); both may grow between
+    calls of :meth:`add`. The first of ``failed`` stops the walk."""
 
     def __init__(
         self,
@@ -267,9 +247,7 @@ class Walker:
         return w
 
     def feed(self, order: Sequence[tuple[str, str]]) -> Walk:
-        """Take the launches in ``order`` ((side "A"/"B", launch label) in the order they ran: a
-        live run so far, or a recorded one) until the walk stops; with ``stop`` None the caller
-        runs ``next_arm`` (or, replaying, the recording ends: undecided)."""
+        """Take (side, label) pairs in the order they ran until the walk stops."""
         for side, label in order:
             if self.add(side, label).stop is not None:
                 break
@@ -277,7 +255,6 @@ class Walker:
 
 
 def _at_maximum(w: Walk, metrics: Sequence[str], design: Design, why: str = "") -> Walk:
-    """Stop ``w`` at the maximum: the gated metrics still inconclusive are undecided."""
     w.stop, w.next_arm = "maximum", None
     final = w.final
     w.undecided = (
@@ -329,9 +306,7 @@ def _walk_bundles(
     threshold: float,
     thresholds: Mapping[str, float] | None,
 ) -> tuple[Walk, list[str], dict[str, pd.DataFrame]]:
-    """(the walk over the launches in the order they ran, the gated metrics, the metric values)."""
     values = {"A": metric_values(a), "B": metric_values(b)}
-    # the metrics the procedure waits for: ``gate``, or every metric either side measured
     every = pd.concat([v["metric"] for v in values.values()]).unique()
     metrics = list(dict.fromkeys(gate)) if gate is not None else metric_order(every)
     logmed, slow = _inputs(values, metrics, design.paired)
@@ -349,19 +324,14 @@ def decide_sequential(
     gate: Sequence[str] | None = None,
     undecided: str = "fail",
 ) -> Any:
-    """Decide two sides' bundles by the procedure: walk their launches in the order they ran (a
-    recording that ends first is undecided), then :func:`perfkit.ab.decide.compare` of the last
-    look's launches at its confidence. Undecided gated metrics exit 1 unless ``undecided="pass"``.
-    Returns a :class:`perfkit.ab.decide.AbResult` whose meta records each side's launches, failed
-    launches, the threshold(s), the slow spells (:func:`perfkit.ab.decide.slow_spells`: warm
-    requests the host slowed down), and in ``meta["sequential"]`` the design, the looks (launches,
-    confidence, each gated metric's interval and decision), why it stopped, the launches run and
-    replaced, the undecided metrics, the launches a side each would need, and ``undecided_rule``.
+    """Walk the two bundles' launches in the order they ran, then compare the last look's launches
+    at its confidence; undecided gated metrics exit 1 unless ``undecided="pass"``. Returns an
+    :class:`perfkit.ab.decide.AbResult` (``meta["sequential"]``: design, looks, stop, needs).
     Raises ValueError: ``undecided`` not in :data:`UNDECIDED`; a gate naming a metric not compared."""
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
     w, metrics, values = _walk_bundles(a, b, design, gate, threshold, thresholds)
-    if w.stop is None:  # the recording ends first: undecided, as at the maximum
+    if w.stop is None:  # the recording ends first
         ran = ", ".join(f"{len(v)} of {s}" for s, v in w.run.items())
         _at_maximum(w, metrics, design, f"the recording ends ({ran} launches)")
     final = w.final
@@ -374,7 +344,6 @@ def decide_sequential(
     used = {s: v[v["launch"].isin([str(x) for x in keep[s]])] for s, v in values.items()}
     res = compare(used["A"], used["B"], threshold, thresholds, conf, len(errors), gate, design.paired)
     t = res.table.set_index("metric")
-    # every gated metric left inconclusive, also when another's regression stopped it
     left = [m for m in metrics if m in t.index and t.loc[m, "decision"] == "inconclusive"]
     needed = {m: None if pd.isna(n := t.loc[m, "launches_needed"]) else int(n) for m in left}
     if w.stop == "maximum" and res.exit_code == EXIT_OK and w.undecided and undecided == "fail":
@@ -418,15 +387,9 @@ def run_sequential(
     gate: Sequence[str] | None = None,
     profile: Any = None,
 ) -> dict[str, Any]:
-    """Run a live A/B of ``specs`` ({"A": EngineSpec, "B": EngineSpec}; the same twice: an A/A)
-    with ``warm`` warm requests of ``request`` a launch after the cold one:
-    ``design.min_launches`` a side interleaved (:func:`perfkit.ab.driver.run_arms`), then the
-    launch the procedure asks for after each, with the decision's gate and thresholds, until it stops;
-    ``profile`` (:class:`perfkit.measuring.profiled.ProfileParams`): a profiled launch a side after.
-    Never raises for engine failures: a failed launch keeps its error in the ``launches`` table
-    (the decision then exits 2). Returns {"A": bundle, "B": bundle} (saved under ``out/a`` and
-    ``out/b``); their meta ``ab.sequential`` (the design, ``gate_metrics``, thresholds) is what
-    ``--replay`` reads back."""
+    """Run a live A/B of ``specs`` ({"A": EngineSpec, "B": EngineSpec}) until the procedure stops.
+    Engine failures stay in the ``launches`` table (the decision exits 2). Returns {"A": bundle,
+    "B": bundle}, saved under ``out/a`` and ``out/b``, their meta ``ab.sequential`` for ``--replay``."""
     from perfkit.ab.driver import run_arms
 
     def extend(bundles: dict[str, Any]) -> list[str]:
@@ -435,7 +398,7 @@ def run_sequential(
         w, _, _ = _walk_bundles(bundles["A"], bundles["B"], design, gate, threshold, thresholds)
         if w.stop is not None or not w.next_arm:
             return []
-        if design.paired:  # a pair more, its first request side alternating: A B, B A, A B, …
+        if design.paired:  # a pair more, its first side alternating
             k = len(w.run["A"])
             return ["A", "B"] if k % 2 == 0 else ["B", "A"]
         return [w.next_arm]
@@ -447,8 +410,7 @@ def run_sequential(
         warm,
         out,
         extend=extend,
-        # the gated metrics and thresholds with the design: a replay without --gate-metrics or
-        # --threshold splits alpha and decides as the run did
+        # a replay without --gate-metrics or --threshold decides as the run did
         meta={
             "sequential": {
                 **design.to_dict(),
@@ -462,19 +424,6 @@ def run_sequential(
     )
 
 
-def pool_design(pool: Any, design: Design) -> Design:
-    """``design`` with its maximum cut to what the pool can replay: at most half of A's launches
-    (an A/A draws both sides from A, without sharing) and every arm's launches."""
-    a = len(pool.launches("A"))
-    cap = min([a // 2, *(len(pool.launches(arm)) for arm in pool.arms)])
-    if cap < design.min_launches:
-        raise ValueError(
-            f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
-            f"disjoint sides), fewer than the first look's {design.min_launches}"
-        )
-    return replace(design, max_launches=min(design.max_launches, cap))
-
-
 def replay_pool(
     pool: Any,
     design: Design,
@@ -484,16 +433,18 @@ def replay_pool(
     seed: int = 0,
     m: int | None = None,
 ) -> pd.DataFrame:
-    """Replay the procedure on a recorded pool (:func:`perfkit.ab.power.load_pool`): ``sims``
-    experiments an arm and as many A/As, each a random order of launches a side fed to a
-    :class:`Walker` (docs/choosing-n-m.md, "How the replay resamples"); ``design``'s maximum cut
-    by :func:`pool_design`, ``metrics`` gated at ``threshold`` (fraction), ``m`` warm requests a
-    launch (default the pool's). One row per experiment: ``kind`` ("A/A" or the arm), ``target``
-    (the arm's metric; None for A/A), ``stop`` (``regression``, ``decided``, ``maximum``),
-    ``regressed`` (the metrics called a regression, comma-separated), ``caught`` (the target
-    called a regression), ``launches`` (run a side, the larger side), ``looks``,
+    """Replay the procedure ``sims`` times an arm and as many A/As on a recorded pool
+    (docs/choosing-n-m.md, "How the replay resamples"). One row per experiment: ``kind``,
+    ``target``, ``stop``, ``regressed``, ``caught``, ``launches`` (the larger side), ``looks``,
     ``max_launches``, ``slow_rule``. Raises ValueError: the pool is too small for a first look."""
-    design = pool_design(pool, design)
+    a = len(pool.launches("A"))
+    cap = min([a // 2, *(len(pool.launches(arm)) for arm in pool.arms)])  # an A/A draws both sides from A
+    if cap < design.min_launches:
+        raise ValueError(
+            f"{pool.path}: the pool replays at most {cap} launches a side ({a} of A: an A/A needs two "
+            f"disjoint sides), fewer than the first look's {design.min_launches}"
+        )
+    design = replace(design, max_launches=min(design.max_launches, cap))
     m = int(m or pool.warm)
     mx = design.max_launches
     rng = np.random.default_rng(seed)
@@ -536,11 +487,8 @@ def replay_pool(
 
 
 def replay_summary(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per ``kind`` of :func:`replay_pool`'s rows: ``experiments``; ``regression`` (stopped on a
-    gated regression: exit 1), ``caught`` (the arm's target metric called a regression),
-    ``decided`` (stopped with every gated metric decided, no regression: exit 0),
-    ``undecided`` (at the maximum: exit 1 unless ``--undecided pass``), fractions; launches run a
-    side: ``median_launches``, ``p90_launches``, ``max_used`` and ``max_launches``."""
+    """Per ``kind`` of :func:`replay_pool`'s rows: ``experiments``, the fractions stopped at
+    ``regression``/``decided``/``undecided`` and ``caught``, launches a side (median, p90, max)."""
     out = []
     for kind, g in runs.groupby("kind", sort=False):
         out.append(

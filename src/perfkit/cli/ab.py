@@ -276,7 +276,7 @@ def side(path: str, option: str) -> tuple[Any, dict[str, Any] | None]:
 
 def _run_or_replay(kw: dict[str, Any]) -> int:
     from perfkit.ab import ab_command
-    from perfkit.report.ab import write_ab_outputs
+    from perfkit.report.ab import error_reasons, write_ab_outputs
 
     gate = ab_command.parse_gate_metrics(kw["gate_metrics"])
     if kw["replay"]:
@@ -311,7 +311,7 @@ def _run_or_replay(kw: dict[str, Any]) -> int:
         print(summary)
         print(f"report: {paths['report']}")
     if res.exit_code == 2:  # say why on stderr too, -q or not
-        why = ab_command.error_reasons(summary)
+        why = error_reasons(res)
         print(f"perfkit ab: error: {'; '.join(why) or 'see ' + str(paths['summary'])}", file=sys.stderr)
     if res.undecided:  # the launches it would need, on stderr too, -q or not
         print(f"perfkit ab: {ab_command.undecided_message(res)}", file=sys.stderr)

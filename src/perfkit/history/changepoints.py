@@ -1,7 +1,5 @@
-"""Change points, outliers and gaps in one series (hardware × case × metric), and events across
-series: Apache Otava's E-Divisive with perfkit's outlier, pruning and two-mode rules around it.
-The rules, their sources and limits: docs/history.md ("Change points", "Gate").
-"""
+"""Change points (Apache Otava's E-Divisive), outliers and gaps of one series, and events across
+series. The rules, their sources and limits: docs/history.md ("Change points", "Gate")."""
 
 from __future__ import annotations
 
@@ -21,22 +19,10 @@ from perfkit.common.numfmt import json_float, number_text
 
 @dataclass(frozen=True)
 class Settings:
-    """Detection settings (unitless; the rules: docs/history.md, "Change points", "Gate").
-
-    Attributes:
-        max_pvalue, min_magnitude: a step's t-test p is below, its relative size above these.
-        window_len: Otava's sliding window (points).
-        outlier_sigmas, outlier_min: a single-run outlier's distance from both sides, in robust
-            noise units and relative.
-        confidence: of the step size interval.
-        min_segment: runs a level needs.
-        mode_gap, min_mode_share: two modes' empty gap (pooled sd) and least share of runs.
-        max_step: the largest relative step a gated level may hide ("not gated" above).
-        robust_from, trim_sigmas: from this many runs, runs beyond ``trim_sigmas`` robust sd
-            (1.4826 × MAD) are left out of a level's sd.
-        min_step: the gate's least interval half width (sglang's nightly tolerates 5 %).
-        confirm_runs: runs in a row above the level for a regression.
-    """
+    """Detection settings, unitless (docs/history.md, "Change points", "Gate"): a step's p and
+    relative size, Otava's window, an outlier's distance (robust sd, relative), runs a level needs,
+    two modes' gap (pooled sd) and least share, the largest step a gated level may hide, the robust
+    sd's trim, the gate's least half width (sglang's nightly: 5 %), runs in a row for a regression."""
 
     max_pvalue: float = 0.001
     min_magnitude: float = 0.02
@@ -68,9 +54,8 @@ class Point:
 
 @dataclass
 class Step:
-    """One change point: between ``before`` (last kept run before) and ``after`` (first run
-    from which the new level holds). ``ratio`` = mean after / mean before, with its interval
-    (``low``, ``high``; None when a segment has fewer than 2 runs)."""
+    """One change point between ``before`` and ``after`` (first run of the new level); ``ratio``
+    mean after / before, ``low``/``high`` None below 2 runs a side."""
 
     index: int
     before: Point
@@ -120,9 +105,7 @@ class Analysis:
 
 
 def higher_is_worse(metric: str) -> bool:
-    """Whether a higher value of ``metric`` is a regression: True for times and memory (every
-    perfkit and sglang metric), False for rates (names ending in ``qps``, ``throughput``,
-    ``attainment``, ``_rate``)."""
+    """False for rates (names ending in ``qps``, ``throughput``, ``attainment``, ``_rate``)."""
     m = metric.lower()
     return not m.endswith(("qps", "throughput", "attainment", "_rate"))
 
@@ -139,8 +122,7 @@ class Mode:
 
 @dataclass(frozen=True)
 class Level:
-    """A level as the gate sees it: one mode or two; ``noise`` the modes' pooled sd of log values
-    (a fraction) over ``n`` runs."""
+    """A level as the gate sees it: one mode or two; ``noise`` their pooled sd of log values."""
 
     modes: tuple[Mode, ...]
     noise: float
@@ -159,8 +141,7 @@ class Level:
 
 
 def two_modes(y: np.ndarray, s: Settings) -> np.ndarray | None:
-    """Labels (0 lower mode, 1 upper) of log values ``y`` (shape (n,), time order) when they
-    form two alternating levels (:class:`Settings` ``mode_gap``, ``min_mode_share``), else None."""
+    """Labels (0 lower, 1 upper mode) of log values ``y`` when they alternate between two levels."""
     from scipy.cluster.vq import ClusterError, kmeans2
 
     n = y.size
@@ -185,16 +166,15 @@ def two_modes(y: np.ndarray, s: Settings) -> np.ndarray | None:
 
 
 def level_model(values: Sequence[float], s: Settings = Settings()) -> Level | None:
-    """The gate's model of a level's values (> 0, at least ``min_segment``; else None): one
-    mode or two (:func:`two_modes`), each with the prediction interval of a next run on log
-    values, ``mean ± t(1 − max_pvalue/2, df) · sd · √(1 + 1/n_mode)``, at least ``min_step`` wide."""
+    """One or two modes of ``values`` (None below ``min_segment``), each with a next run's
+    prediction interval ``mean ± t(1 − max_pvalue/2, df) · sd · √(1 + 1/n)`` on log values."""
     y = np.log(np.asarray(values, dtype=float))
     if y.size < s.min_segment:
         return None
     lab = two_modes(y, s)
     groups = [y] if lab is None else [y[lab == 0], y[lab == 1]]
     sizes = [g.size for g in groups]
-    if y.size >= s.robust_from:  # runs beyond trim_sigmas robust units do not widen the interval
+    if y.size >= s.robust_from:
         dev = [g - np.median(g) for g in groups]
         mad = float(sps.median_abs_deviation(np.concatenate(dev), scale="normal"))
         if mad > 0:
@@ -212,7 +192,7 @@ def level_model(values: Sequence[float], s: Settings = Settings()) -> Level | No
 
 
 def _outliers(y: np.ndarray, thr: float) -> list[tuple[int, float]]:
-    """Pass 1 (vectorised): medians of up to 3 values before and after each point; ``thr`` in log units."""
+    """Points beyond ``thr`` (log units) from the medians of up to 3 values before and after."""
     ser = pd.Series(y)
     ml = ser.rolling(3, min_periods=1).median().shift(1).to_numpy()
     mr = ser[::-1].rolling(3, min_periods=1).median().shift(1)[::-1].to_numpy()
@@ -224,7 +204,6 @@ def _outliers(y: np.ndarray, thr: float) -> list[tuple[int, float]]:
 
 
 def _step(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[float | None, float | None, float]:
-    """(low, high, p) of b against a on log values (None ends below 2 values a side, p NaN there)."""
     iv = stats.ratio_interval(a, b, confidence)
     return json_float(iv.low), json_float(iv.high), iv.pvalue
 
@@ -287,12 +266,8 @@ def analyse(
     unit: str = "",
     settings: Settings = Settings(),
 ) -> Analysis:
-    """Gaps, single-run outliers and steps of ``points`` (time order; None = gap); steps in
-    time order, ``index`` the position of ``after`` in ``points``.
-
-    Raises:
-        MissingExtra: apache-otava is not installed (``pip install 'perfkit[history]'``).
-    """
+    """Gaps, single-run outliers and steps of ``points`` (time order). Raises MissingExtra:
+    apache-otava is not installed."""
     require_extra("history", "change points (perfkit.history)")
     from otava.analysis import compute_change_points
 
@@ -304,14 +279,14 @@ def analyse(
     if not good:
         return res
     y = np.log(np.array([pts[i].value for i in good], dtype=float))
-    d = np.diff(y)  # the noise: 1.4826 × MAD of successive log differences / √2 (docs/history.md)
+    d = np.diff(y)  # docs/history.md
     res.noise = (
-        float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0)) if y.size >= 3 else math.nan
+        float(sps.median_abs_deviation(d, scale="normal") / math.sqrt(2.0)) if y.size >= 3 else math.nan
     )
     sigma = res.noise if math.isfinite(res.noise) else 0.0
     thr = max(settings.outlier_sigmas * sigma, math.log1p(settings.outlier_min))
     out = dict(_outliers(y, thr)) if y.size >= 3 else {}
-    for attempt in range(3):  # pass 2: a run far from its own level (found by pass 1's steps)
+    for attempt in range(3):  # pass 2: a run far from its own level
         kept_k = [k for k in range(len(good)) if k not in out]
         vals = np.array([pts[good[k]].value for k in kept_k], dtype=float)
         if vals.size < 4:
@@ -332,7 +307,7 @@ def analyse(
             for j in np.nonzero(np.abs(seg - med) > thr)[0]:
                 if seg.size >= 2 * settings.min_segment and 0 < b[n] + int(j) < vals.size - 1:
                     more[kept_k[b[n] + int(j)]] = math.exp(seg[j] - med)
-        if not more or attempt == 2:  # the last search's levels stand (its outliers none)
+        if not more or attempt == 2:
             break
         out.update(more)
     starts = [0, *(kept_k[c] for c in idx)]
@@ -391,8 +366,7 @@ def frame_points(g: pd.DataFrame) -> list[Point]:
 
 @dataclass
 class Event:
-    """Steps of one hardware whose commit ranges share a time; ``before`` .. ``after`` the
-    narrowest common range."""
+    """Steps of one hardware whose commit ranges overlap; ``before`` .. ``after`` the common range."""
 
     hardware: str
     before: Point
@@ -401,8 +375,7 @@ class Event:
 
 
 def events(analyses: Sequence[Analysis]) -> list[Event]:
-    """Steps grouped by hardware and overlapping commit range (interval stabbing), by hardware
-    then time."""
+    """Steps grouped by hardware and overlapping commit range, by hardware then time."""
     out: list[Event] = []
     by_hw: dict[str, list[tuple[Analysis, Step]]] = {}
     for a in analyses:
@@ -421,11 +394,9 @@ def events(analyses: Sequence[Analysis]) -> list[Event]:
 
 
 def last3_alarms(points: Sequence[Point], threshold: float = 0.05) -> list[tuple[Point, float]]:
-    """sglang's nightly alarm rule on a series: a run whose value is more than ``threshold``
-    (5 %) above the mean of the last 3 measured runs before it (gaps skipped). Returns
-    ``(run, value / mean − 1)`` for each alarm. Source: sgl-project/ci-data-diffusion's
-    dashboard ("more than 5 % above the mean of the last 3 runs")."""
+    """sglang's nightly alarms: (run, value / mean − 1) for each run more than ``threshold`` above
+    the mean of the 3 measured runs before it (sgl-project/ci-data-diffusion's dashboard)."""
     pts = [p for p in points if p.value is not None and math.isfinite(p.value) and p.value > 0]
     v = pd.Series([float(p.value) for p in pts], dtype=float)
-    last3 = v.rolling(3).mean().shift(1)  # NaN before the 4th run: never an alarm
+    last3 = v.rolling(3).mean().shift(1)
     return [(p, x / m - 1) for p, x, m in zip(pts, v, last3) if x > m * (1 + threshold)]

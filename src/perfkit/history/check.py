@@ -1,8 +1,6 @@
-"""``perfkit history check RUN``: is each value of this run a new step against the current level
-of its series? The rule and exit codes: docs/history.md ("Gate"). Also the tables of a history
-(``perfkit history changes``; ``perfkit figures`` kinds ``history-nightly``, ``history-replay``)
-and the other ``perfkit history`` commands as functions.
-"""
+"""``perfkit history check RUN`` (is each value a new step against its series' level?), the
+history's tables and the other ``perfkit history`` commands as functions. The rule and exit
+codes: docs/history.md ("Gate")."""
 
 from __future__ import annotations
 
@@ -25,16 +23,9 @@ from perfkit.history.store import AddResult, HistoryError, HistoryRun, add_runs,
 
 @dataclass
 class Judgement:
-    """One value against its series' current level (:func:`judge`).
-
-    ``status``: ``regression`` / ``improvement`` (a new step), ``ok`` (inside the level),
-    ``not measured`` (the run's value is a gap; never from :func:`judge`), ``not compared`` (too
-    few runs at the series' current level), ``not gated`` (its noise hides any step up to
-    ``max_step``), ``unconfirmed`` (above the level, but fewer than ``confirm_runs`` runs in a
-    row; exit 0). ``reason`` in words; ``level``, ``low``, ``high``: the mean and prediction
-    interval (the value's unit) of the level's mode nearest the value; ``n`` the level's runs,
-    ``since`` its first run (None: the series' first run, or no level).
-    """
+    """One value against its series' current level: ``status`` (``regression``, ``improvement``,
+    ``ok``, ``not measured``, ``not compared``, ``not gated``, ``unconfirmed``; docs/history.md,
+    "Gate"); ``level``, ``low``, ``high`` of the nearest mode (the value's unit); ``since`` its start."""
 
     status: str
     reason: str
@@ -47,10 +38,7 @@ class Judgement:
 
 @dataclass(kw_only=True)
 class CheckRow(Judgement):
-    """One value of the checked run against its series (:class:`Judgement`). ``before`` is the
-    series' last run before this one, or before the first of a confirmed regression's runs (the
-    commit range of a new step is ``before.commit`` .. ``commit``).
-    """
+    """One value of the checked run; a new step's commit range is ``before.commit`` .. ``commit``."""
 
     hardware: str
     case_id: str
@@ -81,8 +69,7 @@ class CheckResult:
 def judge(
     history: Sequence[cp.Point], value: float, *, metric: str, settings: cp.Settings = cp.Settings()
 ) -> Judgement:
-    """Judge one value (> 0) against the current level of ``history`` (points in time order),
-    its :func:`perfkit.history.changepoints.level_model` (rules: docs/history.md, "Gate")."""
+    """Judge one value (> 0) against the current level of ``history`` (docs/history.md, "Gate")."""
     a = cp.analyse(history, metric=metric, settings=settings)
     seg = a.segment_values()
     lv = cp.level_model(seg, settings)
@@ -109,7 +96,7 @@ def judge(
 
 
 def _confirmed(history: Sequence[cp.Point], metric: str, settings: cp.Settings) -> bool:
-    """Whether the ``confirm_runs`` − 1 measured runs before this one were each a regression."""
+    """Whether the ``confirm_runs`` − 1 measured runs before were each a regression."""
     need = settings.confirm_runs - 1
     prev = [i for i, p in enumerate(history) if p.value is not None][-need:] if need > 0 else []
     one = replace(settings, confirm_runs=1)
@@ -122,8 +109,7 @@ def _confirmed(history: Sequence[cp.Point], metric: str, settings: cp.Settings) 
 def check_runs(
     frame: pd.DataFrame, runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()
 ) -> CheckResult:
-    """Check every value of ``runs`` against the series in ``frame`` (a store frame), using
-    only the runs before each checked run (the run itself left out)."""
+    """Check every value of ``runs`` against the runs before it in ``frame`` (a store frame)."""
     rows: list[CheckRow] = []
     groups = dict(tuple(frame.groupby(["hardware", "case_id", "metric"]))) if not frame.empty else {}
     for run in runs:
@@ -139,7 +125,7 @@ def check_runs(
             g = groups.get((run.hardware, v.case_id, v.metric))
             pts = [] if g is None else cp.frame_points(g[(g["run_key"] != key) & (g["time"] < t)])
             j = judge(pts, v.value, metric=v.metric, settings=settings)
-            # a confirmed step began at the first of its confirm_runs runs: the range starts before it
+            # a confirmed step began at the first of its confirm_runs runs
             k = settings.confirm_runs if j.status == "regression" else 1
             measured = [p for p in pts if p.value is not None]
             before = measured[-k] if len(measured) >= k else None
@@ -152,10 +138,8 @@ def _n(x: float | None) -> str:
 
 
 def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: int = SUMMARY_LIMIT) -> str:
-    """summary.md of a history check: the verdict, every new step (series, step, commit range)
-    and a table of every value checked, at most ``limit`` characters (a reason is cut to 400;
-    table rows past the limit are left out and counted). Text from the store (names, commits,
-    error texts) goes through :func:`perfkit.common.slugs.md_text`."""
+    """summary.md of a history check: the verdict, every new step and a table of every value
+    checked, at most ``limit`` characters (rows past it left out and counted)."""
     from urllib.parse import quote
 
     def link(c: str) -> str:
@@ -211,9 +195,8 @@ def summary_markdown(result: CheckResult, commit_url: str | None = None, limit: 
 
 
 def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp.Settings()) -> str:
-    """Per case: runs, gaps, outliers, steps and its current level as the gate sees it (one
-    mode, two, or not gated with its noise); then every change point and event
-    (:func:`changes_table`)."""
+    """Per case: runs, gaps, outliers, steps and its current level as the gate sees it; then
+    :func:`changes_table`."""
     out = [
         "| case | runs | gaps | outliers | steps | current level (the gate's model) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -236,7 +219,6 @@ def changes_markdown(analyses: Sequence[cp.Analysis], settings: cp.Settings = cp
 
 
 def _replay_series(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
-    """One series of :func:`replay`."""
     verdicts = {
         p.run_key: judge(a.points[:i], p.value, metric=a.metric, settings=settings)
         for i, p in enumerate(a.points)
@@ -246,8 +228,7 @@ def _replay_series(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
     outliers = {p.run_key for p, _ in a.outliers}
 
     def at_step(p: cp.Point) -> int | None:
-        """The regression step whose onset ``p`` is: in its new level, nearer its new mean,
-        no outlier, while the gate's level still began before it."""
+        """The regression step whose onset ``p`` is (docs/history.md, "Replay")."""
         for n, s in enumerate(a.steps):
             end = after[n] if n < len(after) else None
             since = verdicts[p.run_key].since
@@ -284,18 +265,10 @@ def _replay_series(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
 
 
 def replay(runs: Sequence[HistoryRun], settings: cp.Settings = cp.Settings()) -> pd.DataFrame:
-    """Replay ``runs`` day by day: each measured value judged by
-    :func:`perfkit.history.check.judge` against the runs before it, beside sglang's 5 % rule
-    (:func:`perfkit.history.changepoints.last3_alarms`); "at a step" as in docs/history.md
-    ("Replay"). ``perfkit``: ``settings``; ``confirm1``: ``--confirm 1``.
-
-    Returns:
-        one row per case: ``case``, ``runs`` (measured), ``steps`` (regression steps of the
-        whole history); for ``rule``, ``perfkit`` and ``confirm1`` each ``<who>_alarms``,
-        ``<who>_false``, ``<who>_caught`` (steps alarmed at) and ``<who>_missed`` (steps the
-        rule caught and it did not); ``not_gated``, ``not_compared`` (runs perfkit did not
-        judge).
-    """
+    """Replay ``runs`` day by day, each value judged against the runs before it, beside sglang's
+    5 % rule (docs/history.md, "Replay"). One row per case: ``case``, ``runs``, ``steps``, for
+    ``rule``, ``perfkit``, ``confirm1`` each ``<who>_alarms``, ``_false``, ``_caught``,
+    ``_missed``; ``not_gated``, ``not_compared``."""
     frame = runs_frame(runs)
     return pd.DataFrame([_replay_series(a, settings) for a in cp.analyse_frame(frame, settings)])
 
@@ -305,9 +278,8 @@ def _run(p: cp.Point) -> dict[str, Any]:
 
 
 def changes(analyses: Sequence[cp.Analysis]) -> dict[str, list[dict[str, Any]]]:
-    """``perfkit history changes`` as data: ``steps`` (every change point with its ``number``
-    in the series, as ``history confirm`` takes it) and ``events`` (the narrowest common commit
-    range and each series moved)."""
+    """``perfkit history changes`` as data: ``steps`` (each with its ``number`` in the series) and
+    ``events``."""
     steps = []
     for a in analyses:
         for n, s in enumerate(a.steps, 1):
@@ -365,9 +337,7 @@ def changes_table(data: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def replay_markdown(df: pd.DataFrame) -> str:
-    """:func:`replay`'s frame as a Markdown table with a closing count of the goal: fewer false
-    alarms than the rule on every case where the rule has any, and no step the rule caught
-    missed."""
+    """:func:`replay`'s frame as a Markdown table and a count of false alarms and steps missed."""
     out = [
         "| case | runs | regression steps | 5 % rule: alarms, false, steps caught | perfkit (default, "
         f"{cp.Settings().confirm_runs} runs in a row): alarms, false, steps caught | perfkit `--confirm 1` "
@@ -401,8 +371,7 @@ def replay_markdown(df: pd.DataFrame) -> str:
 def add(
     store: str | Path, paths: Sequence[str | Path], *, commit: str | None = None, hardware: str | None = None
 ) -> AddResult:
-    """``perfkit history add``: read every path (:func:`perfkit.history.runs.read_run`) first,
-    then store them all (a bad path stores nothing). Raises HistoryError naming the file/key."""
+    """``perfkit history add``: read every path first (a bad one stores nothing). Raises HistoryError."""
     runs = [r for p in paths for r in read_run(p, commit=commit, hardware=hardware)]
     return add_runs(store, runs)
 
@@ -410,13 +379,8 @@ def add(
 def import_baselines(
     store: str | Path, repo: str | Path, path: str, *, hardware: str | None = None
 ) -> tuple[AddResult, list[str]]:
-    """``perfkit history import REPO --baselines FILE``: every committed version of a
-    perf_baselines file (:func:`perfkit.history.runs.read_baseline_history`).
-
-    Returns what was stored and one note per version skipped (it names the commit and why).
-    Raises HistoryError when no version can be read (the message holds the notes), so that an
-    import of nothing is never a success.
-    """
+    """``perfkit history import REPO --baselines FILE``: every committed version of the file.
+    Returns what was stored and a note per version skipped. Raises HistoryError: none read."""
     runs, skipped = read_baseline_history(repo, path, hardware=hardware)
     if not runs:
         raise HistoryError(f"{repo}: {path}: no version could be read:\n  " + "\n  ".join(skipped))
@@ -424,8 +388,7 @@ def import_baselines(
 
 
 def import_nightly(store: str | Path, path: str | Path, *, hardware: str) -> AddResult:
-    """``perfkit history import``: sglang's nightly comparison files under ``path`` (a
-    directory, a file or a ci-data-diffusion checkout). Raises HistoryError naming the file/key."""
+    """``perfkit history import``: sglang's nightly comparison files under ``path``. Raises HistoryError."""
     return add_runs(store, read_nightly(path, hardware))
 
 
@@ -439,11 +402,9 @@ def check(
     commit_url: str | None = None,
     settings: cp.Settings = cp.Settings(),
 ) -> tuple[CheckResult, Path]:
-    """``perfkit history check``: judge the run at ``path`` against the store's series and write
-    ``out_dir/summary.md`` (default ``path/history/`` for a run directory, never ``path/summary.md``:
-    that is the suite's own; ``outputs/history-check/<stem>/`` for a file). ``path``: a nightly
-    comparison file (``*.json``; ``hardware`` needed) or a perfkit run/A-B output/bundle directory.
-    Returns the result (``exit_code``) and the summary's path."""
+    """``perfkit history check``: judge the run at ``path`` (a nightly ``*.json`` with ``hardware``,
+    or a perfkit run/A-B/bundle directory) and write ``out_dir/summary.md`` (default
+    ``path/history/`` or ``outputs/history-check/<stem>/``). Returns (result, summary path)."""
     p = Path(path)
     if out_dir is None:
         out_dir = p / "history" if p.is_dir() else Path("outputs/history-check") / p.stem
@@ -463,17 +424,15 @@ def check(
 def store_changes(
     store: str | Path, *, hardware: str | None = None, case: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
-    """``perfkit history changes``: every change point and event of the store's series
-    (:func:`changes`), of one hardware and/or case when given. Raises
-    HistoryError when no series matches (nothing listed is never an empty success)."""
+    """``perfkit history changes`` of the store (one hardware, case when given). Raises
+    HistoryError when no series matches."""
     return changes(
         _analyses(store, " stored" + (f" for case {case!r}" if case else ""), hardware, case_id=case)
     )
 
 
 def _analyses(store: str | Path, what: str, hardware: str | None, **match: str | None) -> list[cp.Analysis]:
-    """The store's series of ``hardware`` whose columns equal ``match`` (None: any); HistoryError
-    ``{store}: no series{what}`` when there is none."""
+    """The store's series of ``hardware`` whose columns equal ``match`` (None: any)."""
     df = read_store(store, hardware=hardware)
     for col, v in match.items():
         if v is not None:
@@ -486,19 +445,9 @@ def _analyses(store: str | Path, what: str, hardware: str | None, **match: str |
 def find_step(
     store: str | Path, series: str, change: str, *, hardware: str | None = None
 ) -> tuple[cp.Analysis, cp.Step]:
-    """The step ``change`` of ``series`` in ``store``.
-
-    Args:
-        series: ``CASE/METRIC`` (e.g. ``tiny/DenoisingStage_ms``; split at the last ``/``).
-        change: the step's number in the series (1 = its first step, in time order) or a
-            commit (a prefix of 4 or more hex digits) of the step's first run after (or its last
-            run before).
-        hardware: needed when the series is stored for several hardware.
-
-    Raises:
-        HistoryError: a malformed series, a series not in the store, several hardware without
-            ``hardware`` (those named), no such step (the series' steps named).
-    """
+    """The step ``change`` (its number from 1, or a commit prefix of 4+ hex digits of the run
+    after or before) of ``series`` (``CASE/METRIC``). Raises HistoryError: a malformed or missing
+    series, several hardware without ``hardware``, no such step (the steps named)."""
     if "/" not in series:
         raise HistoryError(f"series {series!r}: expected CASE/METRIC (e.g. tiny/DenoisingStage_ms)")
     case_id, metric = series.rsplit("/", 1)

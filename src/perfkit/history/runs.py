@@ -1,8 +1,6 @@
-"""History runs from perfkit's outputs (a suite or merged run, an A/B output's sides ``ab-A``,
-``ab-B``, a bundle), every committed version of an sglang ``perf_baselines`` file and sglang's
-nightly diffusion comparisons (``sgl-project/ci-data-diffusion``). Metrics, units, commit, time,
-hardware and tolerance rules: docs/history.md ("Sources").
-"""
+"""History runs from perfkit's outputs (a suite run, an A/B's sides, a bundle), the committed
+versions of an sglang ``perf_baselines`` file and sglang's nightly diffusion comparisons.
+Metrics, units, commit, time and hardware rules: docs/history.md ("Sources")."""
 
 from __future__ import annotations
 
@@ -34,12 +32,8 @@ _SCALARS = {
 
 
 def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
-    """The values of one sglang-layout case entry; a null is a gap (its error naming ``where``
-    and the key), as ``perfkit compare`` reads it.
-
-    Raises:
-        HistoryError: a value that is not a finite number (NaN, inf, a string, a bool; names ``where``, the case and the key).
-    """
+    """The values of one sglang-layout case entry (a null: a gap). Raises HistoryError: a value
+    not a finite number (names ``where``, the case and the key)."""
     items = [(m, u, k, entry[k]) for k, (m, u) in _SCALARS.items() if k in entry]
     items += [
         (f"{s}_ms", "ms", f"stages_ms.{s}", v) for s, v in sorted((entry.get("stages_ms") or {}).items())
@@ -51,7 +45,7 @@ def case_values(case: str, entry: Mapping[str, Any], where: str) -> list[Value]:
     ]
     out: list[Value] = []
     for metric, unit, key, v in items:
-        if v is None:  # a gap, as compare reads it
+        if v is None:
             out.append(
                 Value(case, metric, unit, None, f"not measured (null in {where}: scenarios.{case}.{key})")
             )
@@ -67,7 +61,7 @@ def _mtime(p: Path) -> datetime:
 
 
 def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path) -> str:
-    """``given``, else the one ``git_commit`` of the bundles' meta.json (else HistoryError)."""
+    """``given``, else the one ``git_commit`` of the bundles' meta.json."""
     if given:
         return given
     commits: dict[str, list[str]] = {}
@@ -89,13 +83,8 @@ def _commit(bundles: Mapping[str, ResultBundle], given: str | None, where: Path)
 def read_suite_run(
     run_dir: str | Path, *, commit: str | None = None, hardware: str | None = None
 ) -> HistoryRun:
-    """A finished suite or merged run (``RUN/baseline.json`` and its bundles) as one run
-    (source ``suite``).
-
-    Raises:
-        HistoryError: no baseline.json, no cases, no commit, or a bad value (names the file
-            and the key).
-    """
+    """A finished suite or merged run as one run. Raises HistoryError: no baseline.json, no
+    cases, no commit, or a bad value (names the file and the key)."""
     run_dir = Path(run_dir)
     bfile = run_dir / "baseline.json"
     try:
@@ -106,7 +95,7 @@ def read_suite_run(
     if not cases:
         raise HistoryError(f"{bfile}: scenarios: no case")
     bundles = load_run_bundles(run_dir)
-    hardware = hardware or run_hardware(run_dir, doc, bundles)  # the run's own bundles, not a replay's
+    hardware = hardware or run_hardware(run_dir, doc, bundles)  # before a replay's bundles
     values = [v for c, e in cases.items() for v in case_values(c, e, str(bfile))]
     prov: dict[str, Any] = {"baseline_metadata": doc.get("metadata") or {}}
     when: datetime | None = None
@@ -117,7 +106,7 @@ def read_suite_run(
         except (OSError, ValueError) as exc:
             raise HistoryError(f"{rj}: {exc}") from None
         prov.update({k: run.get(k) for k in ("name", "params_file", "status", "exit_code", "replay")})
-        if not bundles and run.get("replay"):  # a replayed run: its bundles are where it read them
+        if not bundles and run.get("replay"):
             rp = Path(str(run["replay"]))
             bundles = load_run_bundles(rp if rp.is_absolute() or rp.exists() else repo_root() / rp)
         if run.get("finished"):
@@ -150,12 +139,8 @@ def read_bundle_run(
     hardware: str | None = None,
     time_file: str | Path | None = None,
 ) -> HistoryRun:
-    """One bundle directory (an A/B side: ``meta.params`` has ``spec`` and ``request``; else an
-    investigation bundle with ``params.engine``/``params.request``) as one run of one case.
-
-    Raises:
-        HistoryError: not a bundle, or no engine spec/request in its meta (names the file).
-    """
+    """One bundle directory (an A/B side or an investigation's) as one run of one case. Raises
+    HistoryError: not a bundle, or no engine spec/request in its meta (names the file)."""
     d = Path(bundle_dir)
     try:
         b = ResultBundle.load(d)
@@ -166,7 +151,7 @@ def read_bundle_run(
     request = params.get("request")
     if not isinstance(engine, Mapping) or not isinstance(request, Mapping):
         raise HistoryError(f"{d / 'meta.json'}: params.spec (or params.engine) and params.request: missing")
-    # an A/B request may leave the shape to the engine's preset: then the case is the preset
+    # an A/B request may leave the shape to the engine's preset
     case = (
         case_id(engine, request)
         if request.get("num_frames")
@@ -192,13 +177,8 @@ def read_bundle_run(
 
 
 def read_run(path: str | Path, *, commit: str | None = None, hardware: str | None = None) -> list[HistoryRun]:
-    """What ``perfkit history add PATH`` stores: a suite/merged run (``baseline.json``), an
-    A/B output (``ab.json`` with side bundles ``a/`` and ``b/``: two runs, ``ab-A`` and
-    ``ab-B``; ``commit`` then applies to neither: each side names its own) or one bundle.
-
-    Raises:
-        HistoryError: none of these (names the path).
-    """
+    """What ``perfkit history add PATH`` stores: a suite run, an A/B output (two runs; ``commit``
+    applies to neither) or one bundle. Raises HistoryError: none of these."""
     p = Path(path)
     if (p / "baseline.json").exists():
         return [read_suite_run(p, commit=commit, hardware=hardware)]
@@ -219,17 +199,11 @@ def _bad(p: Path) -> list[HistoryRun]:
     )
 
 
-#: the source of a perf_baselines version
 BASELINES_SOURCE = "perf-baselines"
 
 
 def git(repo: str | Path, *args: str, error: type[ValueError] = HistoryError) -> str:
-    """Run ``git -C repo args`` and return its stdout.
-
-    Raises:
-        error: git failed or is not installed: ``{repo}: git {args}: {why}``, ``why`` being
-            git's stderr's first line or the OS error.
-    """
+    """stdout of ``git -C repo args``. Raises ``error``: git failed or is not installed."""
     try:
         p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
     except OSError as exc:
@@ -243,18 +217,9 @@ def git(repo: str | Path, *args: str, error: type[ValueError] = HistoryError) ->
 def read_baseline_history(
     repo: str | Path, path: str, *, hardware: str | None = None
 ) -> tuple[list[HistoryRun], list[str]]:
-    """Every committed version of ``path`` (relative to ``repo``) as a run, oldest first (``git
-    log`` of HEAD; renames not followed). The tolerances sglang's CI gates with (``pr_test``, or
-    the oldest versions' flat set: :func:`perfkit.gate.baseline.tolerance_profile`) go into each
-    run's provenance.
-
-    Returns:
-        ``(runs, skipped)``: one line per version that cannot be read or deleted the file,
-        naming ``repo:commit:path`` and why.
-
-    Raises:
-        HistoryError: not a git repository, or no commit touches the file.
-    """
+    """Every committed version of ``path`` as a run, oldest first, with sglang's CI tolerances in
+    its provenance. Returns (runs, one line per version skipped and why). Raises HistoryError:
+    not a git repository, or no commit touches the file."""
     repo = Path(repo)
     log = git(repo, "log", "--format=%H %cI", "--", path).split("\n")
     commits = [line.split(" ", 1) for line in log if line.strip()]
@@ -282,14 +247,13 @@ def read_baseline_history(
 def _version_run(
     text: str, where: str, sha: str, when: str, path: str, repo: Path, hardware: str | None, suffix: str
 ) -> HistoryRun:
-    """One version's run. Raises BaselineError/HistoryError naming ``where`` and the key."""
     doc = bl.loads_baseline(text, where)
     cases = doc.get("scenarios")
     if not isinstance(cases, dict):
         raise HistoryError(f"{where}: scenarios: missing or not an object")
     values = []
     for case, entry in cases.items():
-        merged = dict(entry)  # loads_baseline checked that each entry is an object
+        merged = dict(entry)
         for top in ("load_peak_vram_mb", "runtime_peak_vram_mb"):
             m = doc.get(top)
             if isinstance(m, dict) and case in m and top not in merged:
@@ -300,7 +264,7 @@ def _version_run(
     try:
         name, tols = bl.tolerance_profile(doc.get("tolerances"), "pr_test")
         tolerances: dict | None = {"profile": name, **tols}
-    except KeyError:  # no pr_test and not flat: sglang's CI could not gate with this version
+    except KeyError:  # sglang's CI could not gate with this version
         tolerances = None
     return HistoryRun(
         source=BASELINES_SOURCE,
@@ -321,21 +285,17 @@ def _version_run(
 
 SOURCE = "sglang-nightly"
 METRIC = "latency_s"
-#: the largest comparison file read (bytes; sglang's hold a few KB): a larger one is refused
-#: before parsing (32 MB took 2.1 GiB); at least 40 bytes a result, 50,000 results at most
+#: the largest comparison file read (bytes; sglang's hold a few KB; 32 MB took 2.1 GiB)
 MAX_BYTES = 2 * 2**20
 
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="allow")
-    # printable, at most 200 characters: a case id names files and table rows
     case_id: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     framework: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     model: str | None = None
     task: str | None = None
-    # strict: a string ("7.5") or a bool (true) is a mistyped key, not a latency; a value
-    # outside JSON's finite numbers (1e400 reads as inf, NaN), below 0 or above 1e7 s (115 days;
-    # 1e308 overflowed `history site`) is refused
+    # strict: a string or a bool is a mistyped key; above 1e7 s overflowed `history site`
     latency_s: float | None = Field(strict=True, allow_inf_nan=False, ge=0, le=1e7)
     error: str | None = None
 
@@ -350,48 +310,21 @@ class _File(BaseModel):
 
 @functools.lru_cache(maxsize=4096)
 def _labels(model: str | None, task: str | None, framework: str) -> dict[str, str | None]:
-    """One shared (never mutated) dict per distinct label set."""
+    """One shared (never mutated) dict per label set."""
     return {"model": model, "task": task, "framework": framework}
 
 
-def nightly_files(path: str | Path) -> list[Path]:
-    """The comparison files under ``path``: a file, a directory of them, or a checkout of
-    ``ci-data-diffusion`` (its ``diffusion-comparisons/``). Sorted by name.
-
-    Raises:
-        HistoryError: ``path`` does not exist or holds no ``*.json`` file.
-    """
-    p = Path(path)
-    if p.is_file():
-        return [p]
-    if (p / "diffusion-comparisons").is_dir():
-        p = p / "diffusion-comparisons"
-    if not p.is_dir():
-        raise HistoryError(f"{path}: no such file or directory")
-    files = sorted(p.glob("*.json"))
-    if not files:
-        raise HistoryError(f"{p}: no nightly comparison file (*.json)")
-    return files
-
-
 def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
-    """One comparison file as a :class:`HistoryRun` (source ``sglang-nightly``).
-
-    A non-sglang framework's result gets case id ``<case_id>@<framework>``.
-
-    Raises:
-        HistoryError: over :data:`MAX_BYTES`, not JSON (or nested too deeply), or a missing/mistyped key (names the
-            file and the key, e.g. ``results.3.latency_s``): a latency that is a string, a bool,
-            not finite (NaN, 1e400), negative or above 1e7 s; an empty ``commit_sha``, ``case_id`` or
-            ``framework``; a case (of one framework) given twice; a key given twice in one object.
-    """
+    """One comparison file as a run (another framework's case id: ``<case_id>@<framework>``).
+    Raises HistoryError naming the file and key: over :data:`MAX_BYTES`, not JSON, a missing or
+    mistyped key, a bad latency, a case or key given twice."""
     path = Path(path)
     try:
         with path.open("rb") as fh:
             raw = fh.read(MAX_BYTES + 1)
         if len(raw) > MAX_BYTES:
             raise HistoryError(f"{path}: more than {MAX_BYTES >> 20} MiB: refused before parsing")
-        # json reads it (pydantic's own JSON reader keeps the last of a key given twice)
+        # json, not pydantic's reader: it keeps the last of a key given twice
         doc = _File.model_validate(json.loads(raw, object_pairs_hook=unique_keys))
     except ValidationError as exc:
         e = exc.errors()[0]
@@ -407,7 +340,7 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
     seen: set[str] = set()
     for i, r in enumerate(doc.results):
         case = r.case_id if r.framework == "sglang" else f"{r.case_id}@{r.framework}"
-        if case in seen:  # two latencies of one case in one run: which one is the run's?
+        if case in seen:
             raise HistoryError(f"{path}: results.{i}.case_id: {r.case_id!r} ({r.framework}) appears twice")
         seen.add(case)
         err = r.error if r.error else (None if r.latency_s is not None else "latency_s is null")
@@ -432,6 +365,16 @@ def read_nightly_file(path: str | Path, hardware: str) -> HistoryRun:
 
 
 def read_nightly(path: str | Path, hardware: str) -> list[HistoryRun]:
-    """Every comparison file under ``path`` (:func:`nightly_files`) as runs; the first bad
-    file raises :class:`HistoryError` naming it and its key, and nothing is returned."""
-    return [read_nightly_file(f, hardware) for f in nightly_files(path)]
+    """Every comparison file under ``path`` (a file, a directory, a ci-data-diffusion checkout),
+    sorted by name. Raises HistoryError: no such path, no ``*.json``, or a bad file."""
+    p = Path(path)
+    if p.is_file():
+        return [read_nightly_file(p, hardware)]
+    if (p / "diffusion-comparisons").is_dir():
+        p = p / "diffusion-comparisons"
+    if not p.is_dir():
+        raise HistoryError(f"{path}: no such file or directory")
+    files = sorted(p.glob("*.json"))
+    if not files:
+        raise HistoryError(f"{p}: no nightly comparison file (*.json)")
+    return [read_nightly_file(f, hardware) for f in files]

@@ -1,10 +1,6 @@
-"""The history store: one row per case × metric × hardware × commit × time, in parquet files
-(``STORE/hw-<hardware slug>/<digest>.parquet``, one per add, renamed into place under
-``STORE/.lock``) that DuckDB reads; a run stored once, a missing value a NULL gap. Layout,
-rules and why not one DuckDB file: docs/history.md ("Store"). Confirmations of change points
-(``perfkit history confirm``) are stored beside the runs, ``STORE/confirmations/<digest>.parquet``,
-one file each (:data:`CONFIRM_COLUMNS`); a later confirmation of a step is another row.
-"""
+"""The history store: one row per case × metric × hardware × commit × time in parquet files
+(``STORE/hw-<hardware slug>/<digest>.parquet``), and confirmations of change points beside them
+(``STORE/confirmations/``). Layout and rules: docs/history.md ("Store")."""
 
 from __future__ import annotations
 
@@ -32,28 +28,21 @@ from perfkit.common import require_extra
 
 log = logging.getLogger(__name__)
 
-#: Version of the row layout below; bump it when a column changes meaning.
+#: bump it when a column changes meaning
 SCHEMA_VERSION = 1
 
-#: column -> (arrow type, doc). Every file has exactly these columns.
-COLUMNS: dict[str, tuple[pa.DataType, str]] = {
-    "schema_version": (pa.int16(), "version of this layout (SCHEMA_VERSION)"),
-    "run_key": (pa.string(), "identity of the run (sha256 of source, hardware, run id, commit, time)"),
-    "source": (pa.string(), "sglang-nightly | suite | ab-A | ab-B | bundle"),
-    "run_id": (pa.string(), "the run's own id (CI run id, run directory name)"),
-    "hardware": (pa.string(), "hardware/runner label (GPU name, CI runner)"),
-    "commit": (pa.string(), "commit of the code measured (git sha)"),
-    "time": (pa.timestamp("us", tz="UTC"), "when the run ran (UTC)"),
-    "case_id": (pa.string(), "the case (sglang case id)"),
-    "metric": (pa.string(), "what was measured (e2e_ms, latency_s, DenoisingStage_ms, ...)"),
-    "unit": (pa.string(), "unit of value (ms, s, MiB)"),
-    "value": (pa.float64(), "the measured value; NULL when not measured (a gap)"),
-    "error": (pa.string(), "why the value is missing (the run's error text), else NULL"),
-    "source_file": (pa.string(), "file the row was read from"),
-    "provenance": (pa.string(), "JSON: what else the source said (model, task, versions, importer)"),
-    "added_at": (pa.timestamp("us", tz="UTC"), "when the row was stored (UTC)"),
+_S, _F, _T = pa.string(), pa.float64(), pa.timestamp("us", tz="UTC")
+#: column -> arrow type; every file has exactly these (meanings: docs/history.md, "Store")
+COLUMNS: dict[str, pa.DataType] = {
+    "schema_version": pa.int16(),
+    **dict.fromkeys(["run_key", "source", "run_id", "hardware", "commit"], _S),
+    "time": _T,
+    **dict.fromkeys(["case_id", "metric", "unit"], _S),
+    "value": _F,
+    **dict.fromkeys(["error", "source_file", "provenance"], _S),
+    "added_at": _T,
 }
-SCHEMA = pa.schema([(k, t) for k, (t, _) in COLUMNS.items()])
+SCHEMA = pa.schema(COLUMNS)
 
 
 class HistoryError(ValueError):
@@ -62,21 +51,20 @@ class HistoryError(ValueError):
 
 @dataclass(frozen=True)
 class Value:
-    """One measured (or missing) value of a run: ``value`` None is a gap (``error`` says why)."""
+    """One value of a run: ``value`` None is a gap (``error`` says why)."""
 
     case_id: str
     metric: str
     unit: str
     value: float | None
     error: str | None = None
-    #: what the source says about this value alone (sglang: model, task), added to the run's
-    #: provenance in this row
+    #: added to the run's provenance in this row (sglang: model, task)
     labels: dict[str, Any] | None = None
 
 
 @dataclass
 class HistoryRun:
-    """One run to store: where it came from and its values (one per case × metric)."""
+    """One run to store: its values, one per case × metric."""
 
     source: str
     run_id: str
@@ -89,8 +77,7 @@ class HistoryRun:
 
     @property
     def key(self) -> str:
-        """The identity of the run: sha256 (hex, 24 chars) of its source, hardware, run id, commit
-        and UTC time. The same run read twice (from the same or a copied file) has the same key."""
+        """sha256 (24 hex chars) of source, hardware, run id, commit and UTC time."""
         t = utc(self.time).isoformat()
         text = "\x1f".join([self.source, self.hardware, str(self.run_id), self.commit, t])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -120,8 +107,7 @@ def _locked(store: Path) -> Iterator[None]:
 
 
 def write_parquet(table: pa.Table, final: Path) -> Path:
-    """Write ``table`` to ``final`` via a ``.NAME.<random>.tmp`` beside it (never matched by
-    ``*.parquet``) and a rename; mode 0o666 less the umask. Returns ``final``."""
+    """Write ``table`` to ``final`` via a ``.NAME.<random>.tmp`` beside it and a rename. Returns ``final``."""
     tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}.tmp")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the kernel applies the umask
     try:
@@ -134,12 +120,11 @@ def write_parquet(table: pa.Table, final: Path) -> Path:
 
 
 def _files(store: Path, pattern: str = "hw-*/*.parquet") -> list[Path]:
-    """The store's files, without dot files (temporary files; pathlib's ``*`` matches them)."""
+    """Without dot files (temporary files; pathlib's ``*`` matches them)."""
     return sorted(f for f in store.glob(pattern) if not f.name.startswith("."))
 
 
 def _check_files(files: Sequence[Path], columns: dict = COLUMNS, what: str = "history file") -> None:
-    """HistoryError (naming the file) unless each file is parquet with ``columns`` in kind."""
     for f in files:
         try:
             schema = pq.read_schema(f)
@@ -148,7 +133,7 @@ def _check_files(files: Sequence[Path], columns: dict = COLUMNS, what: str = "hi
         missing = [c for c in columns if c not in schema.names]
         if missing:
             raise HistoryError(f"{f}: not a {what}: missing column {missing[0]!r}")
-        for name, (want, _) in columns.items():
+        for name, want in columns.items():
             got = schema.field(name).type
             if not _same_kind(got, want):
                 raise HistoryError(
@@ -157,7 +142,7 @@ def _check_files(files: Sequence[Path], columns: dict = COLUMNS, what: str = "hi
 
 
 def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
-    """``got`` reads as ``want`` without a change of meaning (a pandas rewrite; not text)."""
+    """``got`` reads as ``want`` without a change of meaning (a pandas rewrite)."""
     t = pa.types
     if t.is_string(want):
         return t.is_string(got) or t.is_large_string(got) or t.is_null(got)
@@ -169,11 +154,7 @@ def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
 
 
 def stored_run_keys(store: str | Path) -> set[str]:
-    """Keys of every run in ``store`` (empty for a missing or empty store).
-
-    Raises:
-        HistoryError: a store file that is not a history file (names it).
-    """
+    """Keys of every run in ``store``. Raises HistoryError: a file that is not a history file."""
     files = _files(Path(store))
     if not files:
         return set()
@@ -201,27 +182,20 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
             rows.append(
                 (SCHEMA_VERSION, key, r.source, str(r.run_id), r.hardware, r.commit, t, v.case_id, v.metric)
                 + (v.unit, value, v.error, r.source_file, row_prov, added_at)
-            )  # in the order of COLUMNS
+            )
     cols = [list(c) for c in zip(*rows)] or [[] for _ in COLUMNS]
     return pa.table(dict(zip(COLUMNS, cols)), schema=SCHEMA)
 
 
 @dataclass
 class AddResult:
-    """What :func:`add_runs` did: keys stored now, keys already there."""
-
     added: list[str]
     skipped: list[str]
 
 
 def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
-    """Store ``runs`` in ``store`` (created when missing), each run once, one new file per
-    hardware, under ``STORE/.lock``.
-
-    Raises:
-        HistoryError: a run without values, or a value that is not a finite number or None
-            (names the run's file, case and metric).
-    """
+    """Store ``runs`` in ``store``, each run once, one new file per hardware. Raises HistoryError:
+    a run without values, or a value not a finite number or None (names file, case, metric)."""
     store = Path(store)
     runs = list(runs)
     for r in runs:
@@ -257,8 +231,7 @@ def add_runs(store: str | Path, runs: Iterable[HistoryRun]) -> AddResult:
 
 
 def runs_frame(runs: Sequence[HistoryRun]) -> pd.DataFrame:
-    """``runs`` as a frame with :data:`COLUMNS`, as :func:`read_store` would return them once
-    stored (for analyses that need no store)."""
+    """``runs`` as :func:`read_store` would return them once stored."""
     return (
         _table(list(runs), datetime.now(timezone.utc))
         .to_pandas()
@@ -273,25 +246,19 @@ ANALYSIS_COLUMNS = tuple("hardware case_id metric unit run_key run_id commit tim
 def read_store(
     store: str | Path, *, hardware: str | None = None, columns: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """Every row of ``store`` as a DataFrame with :data:`COLUMNS` (or only ``columns``; one
-    copy per run key, case and metric), sorted by hardware, case, metric, time. Empty (with
-    the columns) when the store has no files.
-
-    Raises:
-        HistoryError: a file that is not a history file (not parquet, a missing column) or of a newer
-            schema than :data:`SCHEMA_VERSION` (names the file and the column).
-    """
+    """Every row of ``store`` (one per run key, case, metric), sorted by hardware, case, metric,
+    time. Raises HistoryError naming the file: not a history file, or a newer schema."""
     files = _files(Path(store))
     cols = list(columns or COLUMNS)
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in cols})
     _check_files(files)
-    # pyarrow, not DuckDB: its conversion of 500,000 rows peaked at 5x the frame (docs/history.md)
+    # pyarrow, not DuckDB: memory (docs/history.md)
     need = list(dict.fromkeys([*cols, "schema_version", "run_key", "case_id", "metric", "hardware", "time"]))
     tables = []
     for f in files:
         t = pq.read_table(f, columns=need)
-        try:  # another writer's types (checked above: same meaning)
+        try:
             t = t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names]))
         except pa.ArrowInvalid as exc:
             raise HistoryError(f"{f}: {exc}") from None
@@ -309,38 +276,24 @@ def read_store(
     return df[cols].reset_index(drop=True)
 
 
-#: what an A/B between a step's commits can say
 OUTCOMES = ("confirmed", "not reproduced", "undecided", "error")
-#: the directory under the store
 CONFIRM_DIR = "confirmations"
 
-#: a confirmation's column -> (arrow type, doc)
-CONFIRM_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
-    "hardware": (pa.string(), "the series' hardware"),
-    "case_id": (pa.string(), "the series' case"),
-    "metric": (pa.string(), "the series' metric (store name, e.g. DenoisingStage_ms)"),
-    "before_commit": (pa.string(), "the step's last run before (commit)"),
-    "after_commit": (pa.string(), "the step's first run after (commit)"),
-    "step_kind": (pa.string(), "regression | improvement (from the history)"),
-    "step_ratio": (pa.float64(), "the history's level ratio after / before"),
-    "outcome": (pa.string(), "confirmed | not reproduced | undecided | error"),
-    "ab_metric": (pa.string(), "the A/B metric compared (e.g. DenoisingStage)"),
-    "ab_decision": (pa.string(), "the A/B decision of that metric (regression, no change, ...)"),
-    "ratio": (pa.float64(), "A/B ratio after / before (NULL: not measured)"),
-    "low": (pa.float64(), "its interval's low end"),
-    "high": (pa.float64(), "its interval's high end"),
-    "launches": (pa.string(), "JSON: launches run a side"),
-    "detail": (pa.string(), "why (the A/B's stop reason or the error)"),
-    "out": (pa.string(), "the confirmation's output directory"),
-    "time": (pa.timestamp("us", tz="UTC"), "when it was confirmed (UTC)"),
+#: a confirmation's column -> arrow type (docs/history.md, "Which commit?")
+CONFIRM_COLUMNS: dict[str, pa.DataType] = {
+    **dict.fromkeys(["hardware", "case_id", "metric", "before_commit", "after_commit", "step_kind"], _S),
+    "step_ratio": _F,
+    **dict.fromkeys(["outcome", "ab_metric", "ab_decision"], _S),
+    **dict.fromkeys(["ratio", "low", "high"], _F),
+    **dict.fromkeys(["launches", "detail", "out"], _S),
+    "time": _T,
 }
-CONFIRM_SCHEMA = pa.schema([(k, t) for k, (t, _) in CONFIRM_COLUMNS.items()])
+CONFIRM_SCHEMA = pa.schema(CONFIRM_COLUMNS)
 
 
 def add_confirmation(store: str | Path, **row: Any) -> Path:
-    """Store one confirmation, ``row`` its :data:`CONFIRM_COLUMNS` (``launches``: side -> launches
-    run; ``outcome`` one of :data:`OUTCOMES`, else ValueError), as
-    ``STORE/confirmations/<digest>.parquet``. Returns the file."""
+    """Store one confirmation (``row``: :data:`CONFIRM_COLUMNS`) and return its file. Raises
+    ValueError: ``outcome`` not in :data:`OUTCOMES`."""
     if row["outcome"] not in OUTCOMES:
         raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {row['outcome']!r}")
     store = Path(store)
@@ -359,12 +312,7 @@ def add_confirmation(store: str | Path, **row: Any) -> Path:
 
 
 def read_confirmations(store: str | Path) -> pd.DataFrame:
-    """Every confirmation of ``store`` (:data:`CONFIRM_COLUMNS`), oldest first; empty with the columns
-    when there is none.
-
-    Raises:
-        HistoryError: a file that is not a confirmation file (names it).
-    """
+    """Every confirmation of ``store``, oldest first. Raises HistoryError: not a confirmation file."""
     files = _files(Path(store), f"{CONFIRM_DIR}/*.parquet")
     if not files:
         return pd.DataFrame({k: pd.Series(dtype=object) for k in CONFIRM_COLUMNS})

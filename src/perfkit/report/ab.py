@@ -236,6 +236,22 @@ def _sequential_text(res: AbResult) -> str:
     return text
 
 
+def error_reasons(res: AbResult, fmt: Callable[..., str] = lambda x, code=False: str(x).strip()) -> list[str]:
+    """Why the A/B is an error (exit 2), a line each; ``fmt`` writes text perfkit did not write."""
+    out = [
+        f"launch failed: {fmt((str(e).splitlines() or [''])[0], code=True)} (details in report.html)"
+        for e in res.meta.get("launch_errors") or []
+    ]
+    gate = res.meta.get("gate_metrics")
+    if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
+        out.append("nothing compared: no metric was measured on both sides")
+    elif res.exit_code == 2 and gate and set(res.gated_unmeasured) >= set(gate):
+        out.append(
+            f"nothing gated was compared: none of the gated metrics ({fmt(', '.join(gate))}) was measured on both sides"
+        )
+    return out
+
+
 def ab_summary_markdown(res: AbResult) -> str:
     """``summary.md`` of an A/B: the verdict, how it ran, the verdict table."""
     ab = res.meta.get("ab") or {}
@@ -262,22 +278,16 @@ def ab_summary_markdown(res: AbResult) -> str:
     if ab.get("loadavg_end"):
         how += f"; host load {' / '.join(str(x) for x in ab['loadavg_end'])}"
     lines += [how + ".", ""]
-    for e in res.meta.get("launch_errors") or []:
+    reasons = error_reasons(res, md_text)
+    lines += [f"- {x}" for x in reasons]
+    if (
+        res.meta.get("gate_metrics")
+        and res.gated_unmeasured
+        and not any(x.startswith("nothing") for x in reasons)
+    ):
         lines.append(
-            f"- launch failed: {md_text((str(e).splitlines() or [''])[0], code=True)} (details in report.html)"
+            f"- gated but not measured on both sides (gates nothing): {md_text(', '.join(res.gated_unmeasured))}"
         )
-    if res.exit_code == 2 and not (res.table["decision"] != "not measured").any():
-        lines.append("- nothing compared: no metric was measured on both sides")
-    elif res.meta.get("gate_metrics") and res.gated_unmeasured:
-        gate = ", ".join(res.meta["gate_metrics"])
-        if res.exit_code == 2 and set(res.gated_unmeasured) >= set(res.meta["gate_metrics"]):
-            lines.append(
-                f"- nothing gated was compared: none of the gated metrics ({md_text(gate)}) was measured on both sides"
-            )
-        else:
-            lines.append(
-                f"- gated but not measured on both sides (gates nothing): {md_text(', '.join(res.gated_unmeasured))}"
-            )
     seq = _sequential_text(res)
     if seq:
         lines.append(f"- {md_text(seq)}")  # it names metrics (stage names from the bundles)
