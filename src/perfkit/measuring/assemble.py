@@ -28,8 +28,7 @@ def assemble(
     results: dict[str, Any],
     caps: list[MemoryCaps | None] | None = None,
 ) -> ResultBundle:
-    """A ResultBundle of ``launches`` (``params`` holds ``spec`` and ``request`` dicts, compared on
-    replay). Raises ValueError: a row carries a column its table does not declare."""
+    """A ResultBundle of ``launches``. Raises ValueError: a row carries an undeclared column."""
     launches = list(launches)
     versions: dict[str, dict[str, Any]] = {}  # sglang, torch, diffusers: asked once per program
     for d in launches:

@@ -79,8 +79,7 @@ def record_rows(
     outcome: RequestOutcome | None,
     request: VideoRequestSpec | None = None,
 ) -> tuple[dict, list[dict], list[dict]]:
-    """Rows (request, stages, steps) of one record (``index``: 0 cold, >= 1 warm, or
-    ``WARMUP_INDEX``); ``outcome`` adds the client's view. What is not reported is NA."""
+    """Rows (request, stages, steps) of one record and its ``outcome``; not reported: NA."""
     pk = rec.perfkit
     spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
     status = pk.get("status") or ("completed" if rec.stages else "unknown")

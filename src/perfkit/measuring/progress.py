@@ -153,8 +153,7 @@ def planned_requests(plans: Iterable[Sequence[int]]) -> tuple[int, int]:
 
 
 class RunBars:
-    """Terminal bars of a whole run from progress events: every planned request (an ETA) and the
-    current launch's; fed from an events file (:meth:`watch`) or in process (:meth:`listen`)."""
+    """Terminal bars of a whole run (every planned request, the current launch's) from events."""
 
     def __init__(self, file: Any, launches: int, requests: int, enabled: bool = True) -> None:
         from tqdm.std import tqdm

@@ -65,8 +65,7 @@ class ProcessMemory:
 
 @dataclass(frozen=True)
 class TreeMemory(ProcessMemory):
-    """Host memory of the tree rooted at ``pid`` (MiB) summed over ``pids`` (``vanished`` skipped);
-    ``source`` ``pss`` or ``rss`` (PSS and USS NaN)."""
+    """Host memory of the tree rooted at ``pid`` (MiB) summed over ``pids``; ``vanished`` skipped."""
 
     root_alive: bool
     pids: tuple[int, ...]
@@ -93,8 +92,7 @@ class MemoryLimit:
 
 @dataclass(frozen=True)
 class HostBudget:
-    """The host budget (GiB): ``effective_gib`` = min(``asked_gib``, every limit), ``clamp`` why it
-    is below the ask (None: not clamped)."""
+    """The host budget (GiB): min(ask, every limit), and ``clamp`` why it is below the ask."""
 
     asked_gib: float | None
     effective_gib: float | None

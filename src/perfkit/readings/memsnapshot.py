@@ -312,8 +312,7 @@ def diff_snapshots(before: MemSnapshot, after: MemSnapshot) -> pd.DataFrame:
 
 @dataclass
 class Peak:
-    """The peak of allocated MiB in the trace window, its event time (epoch µs; None: no times), the
-    ``events`` considered, ``by_site`` the blocks alive then (:func:`live_by_site`)."""
+    """The peak of allocated MiB in the trace window, its time (epoch µs), the blocks by site."""
 
     mib: float
     time_us: Optional[int]

@@ -173,8 +173,7 @@ def _grouped(d: PerfDump) -> tuple[dict[str, float | None], Counter[str]]:
 
 
 def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
-    """Compare as sglang's ``benchmarks/compare_perf.py`` does, except that a missing or null
-    value is "not measured" (never judged) where compare_perf.py reads 0."""
+    """Compare as sglang's ``compare_perf.py`` does, but a missing value is "not measured", not 0."""
     e2e = DumpRow("E2E Latency", before.total_duration_ms, after.total_duration_ms, "not measured")
     if e2e.pct is not None:
         e2e.status = (

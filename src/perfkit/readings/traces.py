@@ -124,8 +124,7 @@ def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> table name: the i-th of ``stages`` (performance.log's) when there are
-    as many ``STAGE <x>`` ranges, else :data:`REGISTERED_STAGES` or ``<x>``."""
+    """Stage range name -> table name (the i-th of ``stages`` when there are as many ranges)."""
     evs = sorted(
         (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
     )

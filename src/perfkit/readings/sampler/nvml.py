@@ -140,8 +140,7 @@ def _facts(nv: Any) -> dict[str, Any]:
 
 
 def gpu_facts() -> dict[str, Any]:
-    """This host's GPUs for meta.json: the first GPU's name and total MiB, driver, count, and
-    ``gpus`` (every GPU NVML sees); None and 0 without NVML."""
+    """This host's GPUs for meta.json (the first's name and MiB, every GPU); None, 0 without NVML."""
     return _with_nvml(_facts, {"gpu_name": None, "gpu_driver": None, "gpu_count": 0, "gpu_total_mib": None})
 
 
