@@ -135,13 +135,6 @@ def _int(text: str, path: Path, key: str) -> int:
         raise MemoryReadError(path, key, f"not a number: {text!r}") from None
 
 
-def _limit_value(path: Path, key: str) -> int | None:
-    """A cgroup limit file's bytes, None for no limit. FileNotFoundError passes through."""
-    text = path.read_text().strip()
-    v = None if text == "max" else _int(text, path, key)
-    return None if v is None or v >= UNLIMITED_SENTINEL else v
-
-
 def _proc_file(path: Path, key: str) -> str | None:
     """A /proc file's text; None when its process vanished."""
     try:
@@ -297,13 +290,14 @@ class HostMemoryReader:
             for level in [d, *[p for p in d.parents if p == top or top in p.parents]]:
                 f = level / key
                 try:
-                    v = _limit_value(f, key)
+                    text = f.read_text().strip()
                 except FileNotFoundError:
                     log.debug("%s: not there, no limit at this level", f)
                     continue
                 except PermissionError as exc:
                     raise MemoryReadError(f, key, f"not readable: {exc}") from None
-                if v is not None:
+                v = None if text == "max" else _int(text, f, key)
+                if v is not None and v < UNLIMITED_SENTINEL:
                     out.append(MemoryLimit(kind, str(f), v / GIB))
         return out
 
