@@ -123,7 +123,11 @@ def run_profiled(
             if (injected := pk.get("debug_stage_delay_wall_ms"))
             else math.nan,
         }
-        path = _trace_path(prof, tdir, out.request_id if out is not None else "")
+        # the trace the record names, else the one sglang's file name finds
+        rid = out.request_id if out is not None else None
+        found = sorted(tdir.glob(f"{rid}-*-global-rank0.trace.json*")) if rid else []
+        named = prof.get("path")
+        path = Path(named) if named and Path(named).is_file() else next(iter(found), None)
         if out is None or not out.ok:
             row["note"] = (out.error if out is not None else data.error) or "the request did not complete"
         elif path is None:
@@ -161,18 +165,6 @@ def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, A
             log.warning("profiled: %s", exc)
     out["steps_recorded"] = recorded
     return out
-
-
-def _trace_path(prof: dict[str, Any], tdir: Path, request_id: str) -> Path | None:
-    """The trace the record names, else sglang's file name in ``tdir``."""
-    p = prof.get("path")
-    if p and Path(p).is_file():
-        return Path(p)
-    if request_id:
-        found = sorted(tdir.glob(f"{request_id}-*-global-rank0.trace.json*"))
-        if found:
-            return found[0]
-    return None
 
 
 def attach(bundle: ResultBundle, table: pd.DataFrame, files: dict[str, Path]) -> ResultBundle:
