@@ -1,3 +1,2 @@
-"""The measuring layer: one engine launch measured -> its rows and samples (launch_rows,
-assemble (with shared launches), progress, profiled (with memory sites); nothing here names an investigation.
-"""
+"""One engine launch measured -> its rows and samples (launch_rows, assemble, progress,
+profiled); nothing here names an investigation."""

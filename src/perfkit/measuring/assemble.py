@@ -1,8 +1,6 @@
-"""Launches -> one :class:`~perfkit.bundle.ResultBundle`, and the bundles of an investigation's split
-parts -> the bundle the unsplit investigation would have written (:func:`join_bundles`,
-:func:`relabel`); one engine launch serving several investigations: what an investigation would launch
-(:class:`PlannedLaunch`, :func:`launch_key`) and taking a matching earlier launch's rows instead
-of launching again (:func:`reuse_launch`; seed 001: share a launch across the cases that can)."""
+"""Launches -> one :class:`~perfkit.bundle.ResultBundle`; split parts' bundles -> one
+(:func:`join_bundles`, :func:`relabel`); one launch serving several investigations
+(:class:`PlannedLaunch`, :func:`launch_key`, :func:`reuse_launch`; seed 001)."""
 
 from __future__ import annotations
 
@@ -30,14 +28,12 @@ def assemble(
     results: dict[str, Any],
     caps: list[MemoryCaps | None] | None = None,
 ) -> ResultBundle:
-    """Build a ResultBundle from launches (tables concatenated and conformed, records and logs
-    kept). ``params`` (``meta["params"]``) must hold ``spec`` and ``request`` dicts: a replay
-    compares them with its params (:func:`perfkit.bundle.identity_differences`).
-
-    Raises:
-        ValueError: a row carries a column its table does not declare.
-    """
+    """A ResultBundle of ``launches``. Raises ValueError: a row carries an undeclared column."""
     launches = list(launches)
+    versions: dict[str, dict[str, Any]] = {}  # sglang, torch, diffusers: asked once per program
+    for d in launches:
+        if d.command and d.command[0] not in versions:
+            versions[d.command[0]] = engine_versions(d.command)
     mems = [sampler_frame(d.memory) for d in launches if not d.memory.empty]
     tables = {
         "requests": pd.DataFrame([r for d in launches for r in d.requests]),
@@ -52,9 +48,7 @@ def assemble(
         {
             "params": params,
             "commands": {d.label: d.command for d in launches},
-            # sglang, torch, diffusers as installed where each engine ran (not perfkit's)
-            "engine_versions": _engine_versions(launches),
-            # the GPUs each launch ran on, matched by UUID (meta "gpus" lists every GPU here)
+            "engine_versions": {d.label: versions[d.command[0]] for d in launches if d.command},
             "launch_gpus": {d.label: d.gpus for d in launches},
             "caps": [c.to_dict() if c is not None else None for c in (caps or [])],
         }
@@ -69,26 +63,10 @@ def assemble(
     )
 
 
-def _engine_versions(launches: list[LaunchData]) -> dict[str, dict[str, Any]]:
-    """:func:`perfkit.engine.argv.engine_versions` per launch label, asked once per program."""
-    seen: dict[str, dict[str, Any]] = {}
-    for d in launches:
-        if d.command and d.command[0] not in seen:
-            seen[d.command[0]] = engine_versions(d.command)
-    return {d.label: seen[d.command[0]] for d in launches if d.command}
-
-
 def join_bundles(
     investigation: str, parts: list[ResultBundle], params: dict[str, Any], results: dict[str, Any]
 ) -> ResultBundle:
-    """One bundle from the bundles of an investigation's split parts
-    (:attr:`perfkit.investigations.registry.Investigation.split`): tables concatenated in part order and
-    conformed, records, logs, commands and caps united, the first part's environment,
-    ``params`` and ``results`` as given.
-
-    Raises:
-        ValueError: no parts, or a part of another investigation (naming it).
-    """
+    """One bundle of an investigation's split parts. Raises ValueError: none, or another's."""
     if not parts:
         raise ValueError(f"{investigation}: nothing to join (no part bundles)")
     for b in parts:
@@ -113,9 +91,7 @@ def join_bundles(
 
 
 def relabel(bundle: ResultBundle, old: str, new: str) -> ResultBundle:
-    """``bundle`` with launch label ``old`` renamed ``new`` in place (tables' ``launch`` and
-    ``label`` columns, records, commands, log names): ``cap0`` of a part is ``cap2`` of the
-    whole. Returns ``bundle``."""
+    """``bundle`` with launch label ``old`` renamed ``new`` everywhere, in place; returned."""
     if old == new:
         return bundle
     for name, df in bundle.tables.items():
@@ -142,13 +118,9 @@ def reuse_launch(
     label: str,
     caps: MemoryCaps | None = None,
 ) -> LaunchData | None:
-    """A launch of another investigation that already measured what this one would launch for.
-
-    ``bundle`` may be a list of candidates. Returns the first ``n_requests`` measured requests
-    (plus the startup warmup) of ``bundle``'s single launch, relabelled ``label``, when it ran the
-    same engine spec and request under the same caps with at least that many; else None.
-    """
-    if isinstance(bundle, (list, tuple)):  # several candidates: the first that fits
+    """The first ``n_requests`` (and the warmup) of ``bundle``'s (or the first fitting candidate's)
+    single launch, relabelled ``label``, when it ran the same spec, request and caps; else None."""
+    if isinstance(bundle, (list, tuple)):
         found = (reuse_launch(b, spec, request, n_requests, label, caps=caps) for b in bundle)
         return next((d for d in found if d is not None), None)
     if bundle is None or not getattr(bundle, "tables", None):
@@ -206,9 +178,7 @@ def reuse_launch(
 
 @dataclass(frozen=True)
 class PlannedLaunch:
-    """What an investigation would launch, as the scale-out planner sees it: ``keys`` (its
-    :func:`launch_key` identities; empty: never matched), ``requests`` (measured requests it
-    sends), ``reuses`` (it takes a matching earlier launch instead of launching)."""
+    """What an investigation would launch (:func:`launch_key` ``keys``), for the scale-out planner."""
 
     keys: tuple[str, ...]
     requests: int
@@ -216,8 +186,7 @@ class PlannedLaunch:
 
 
 def launch_key(spec: EngineSpec, request: VideoRequestSpec, caps: MemoryCaps | None = None) -> str:
-    """The identity :func:`reuse_launch` compares (engine spec, request payload, caps as asked
-    when they cap anything), as a JSON string."""
+    """The identity :func:`reuse_launch` compares (spec, request, caps), as a JSON string."""
     return json.dumps([spec.to_dict(), request.payload(), _asked(caps)], sort_keys=True, default=str)
 
 

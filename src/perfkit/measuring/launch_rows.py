@@ -1,7 +1,5 @@
-"""One measured engine launch -> tidy rows (:func:`measure_launch`, :class:`LaunchData`; the
-tables in :mod:`perfkit.bundle_schema`). Startup warmup records keep ``index = WARMUP_INDEX``
-(-1), the tables' only warmup mark.
-"""
+"""One measured engine launch -> tidy rows (:func:`measure_launch`, :class:`LaunchData`; tables in
+:mod:`perfkit.bundle_schema`); startup warmup records have ``index = WARMUP_INDEX`` (-1)."""
 
 from __future__ import annotations
 
@@ -33,20 +31,9 @@ NAN = math.nan
 
 @dataclass
 class LaunchData:
-    """Everything one launch produced.
-
-    Attributes:
-        label: launch label (unique in the bundle).
-        requests, stages, steps: row dicts for the bundle tables.
-        memory: sampler timeline (DataFrame, ``launch`` column added).
-        launch_row: the ``launches`` row (cold start parts, caps, command).
-        record_lines: raw performance.log lines.
-        logs: engine log name -> text.
-        outcomes: client outcomes of the measured requests, in order.
-        error: why the launch failed (start error, cap exceeded), or None.
-        command: the exact engine argv.
-        gpus: the GPUs the engine ran on ({index (NVML), uuid, name} each; [] without NVML).
-    """
+    """Everything one launch produced: row dicts of the bundle tables, the sampler timeline, raw
+    performance.log lines and their parse ``report``, logs, client ``outcomes``, ``error`` (None:
+    none), the engine argv and the GPUs it ran on ({index, uuid, name}; [] without NVML)."""
 
     label: str
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -58,15 +45,13 @@ class LaunchData:
     logs: dict[str, str] = field(default_factory=dict)
     outcomes: list[RequestOutcome] = field(default_factory=list)
     error: str | None = None
-    #: ``record_lines`` parsed (file:line reasons); set by :func:`measure_launch`
     report: ParseReport | None = None
     command: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     gpus: list[dict[str, Any]] = field(default_factory=list)
 
     def sent_rows(self) -> pd.DataFrame:
-        """Rows of the requests perfkit sent, failed ones included (``index != WARMUP_INDEX``),
-        as a DataFrame in index order; completed-only is ``ResultBundle.measured_requests()``."""
+        """Rows of the requests perfkit sent (failed ones too, no warmup), in index order."""
         df = pd.DataFrame(self.requests)
         if df.empty:
             return df
@@ -74,12 +59,12 @@ class LaunchData:
 
 
 def _num(v: Any) -> float:
-    """A record's ms or MiB value as written (0 stays 0), NaN when absent or null: not reported."""
+    """A record's ms or MiB value as written, NaN when absent or null (not reported)."""
     return NAN if v is None else float(v)
 
 
 def _epoch(v: Any) -> float:
-    """Epoch s as written, NaN when absent (not reported); ValueError for anything else."""
+    """Epoch s as written, NaN when absent; ValueError for anything else."""
     if v is None:
         return NAN
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= float(v) < math.inf):
@@ -94,11 +79,7 @@ def record_rows(
     outcome: RequestOutcome | None,
     request: VideoRequestSpec | None = None,
 ) -> tuple[dict, list[dict], list[dict]]:
-    """Rows (request, stages, steps) for one record; ``outcome`` adds the client-side view.
-    ``index``: 0 cold, >= 1 warm, ``WARMUP_INDEX`` for the startup warmup. Columns as declared in
-    :mod:`perfkit.bundle_schema` (sglang's ``*_mb`` keys are MiB); what the record does not report
-    is NA, never a default (sglang's records carry no compile counts or host RSS).
-    """
+    """Rows (request, stages, steps) of one record and its ``outcome``; not reported: NA."""
     pk = rec.perfkit
     spans = {s["name"]: s for s in pk.get("stage_spans") or [] if isinstance(s, dict)}
     status = pk.get("status") or ("completed" if rec.stages else "unknown")
@@ -119,7 +100,6 @@ def record_rows(
         "steps": pk.get("num_inference_steps"),
         "client_ms": outcome.client_ms if outcome is not None else NAN,
         "e2e_ms": _num(rec.total_duration_ms),
-        # compile columns: only the reference engine reports them; NA for sglang, never 0
         "compiles": reported_count(pk.get("compiles")),
         "compile_ms": _num(pk.get("compile_ms")),
         "recompile_reasons": (
@@ -136,7 +116,6 @@ def record_rows(
         "placement": pk.get("placement"),
         "t_start_s": pk.get("t_start", outcome.t_submit if outcome else NAN),
         "t_end_s": pk.get("t_end", outcome.t_end if outcome else NAN),
-        # the engine's job clock (reference engine); sglang's records carry none: NaN = not reported
         "submitted_s": _epoch(pk.get("t_submitted")),
         "started_s": _epoch(pk.get("t_started")),
         "completed_s": _epoch(pk.get("t_completed")),
@@ -176,9 +155,7 @@ def record_rows(
 
 
 def failed_row(label: str, index: int, outcome: RequestOutcome, request: VideoRequestSpec) -> dict[str, Any]:
-    """A request row for a request without a record (rejected, engine died, timeout); its
-    memory columns (MiB), server time (ms) and compile columns are NA (not reported: whether it
-    compiled is not known, not 0)."""
+    """The row of a request without a record; what only a record reports is NA."""
     return {
         "launch": label,
         "request_id": outcome.request_id or f"{label}-{index}",
@@ -218,24 +195,17 @@ def measure_launch(
     after: Callable[[Any, VideoClient, Any], dict[str, Any]] | None = None,
     turn: Callable[[int], ContextManager[Any]] | None = None,
 ) -> LaunchData:
-    """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down.
-
-    Never raises for engine failures: a start error, a crash, a host cap kill or a request that
-    times out (``request_timeout_s``, default the spec's, else
-    :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`) or loses the engine end the launch with
-    :attr:`LaunchData.error` (:func:`failed_launch_text`) and the rows gathered so far.
-
-    ``after(handle, client, sampler)`` runs in the same session after the requests (its dict:
-    :attr:`LaunchData.extra`; its requests are not measured rows). ``turn(i)``: a context manager
-    around request ``i`` that may wait (``perfkit ab --paired``, :func:`perfkit.ab.driver.run_pair`).
-    """
+    """Launch ``spec`` under ``caps``, send ``requests`` one after the other, tear down. Never raises
+    for engine failures: they end the launch with :attr:`LaunchData.error` and the rows so far.
+    ``after(handle, client, sampler)`` runs after the requests (its dict: ``extra``, unmeasured);
+    ``turn(i)``: a context manager around request ``i`` that may wait (``perfkit ab --paired``)."""
     data = LaunchData(label=label)
     timeout_s = float(request_timeout_s or spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     h = None
     start_dir: Path | None = None
     start_end: dict[str, Any] = {}  # how an engine that never became ready ended
     failed: int | None = None  # the request that ended the launch
-    launching(label)  # the seconds before the first request: say what they wait for
+    launching(label)
     try:
         with launch(spec, caps=caps, run_dir=run_dir, label=label) as h:
             data.command = list(h.command)
@@ -250,7 +220,7 @@ def measure_launch(
                         data.outcomes.append(out)
                         if not out.ok:
                             log.warning("%s request %d: %s (%s)", label, i, out.status, out.error)
-                            # a timeout or a lost engine leaves it in an unknown state: stop
+                            # a timeout or a lost engine leaves an unknown state: stop
                             if not h.alive() or stop_on_failure or out.status in ("timeout", "error"):
                                 failed = i
                                 break
@@ -266,31 +236,17 @@ def measure_launch(
             outcome = h.cap_outcome
             if outcome.exceeded:
                 data.error = outcome.message
-        # here the engine is gone: say how it ended, and which request it took with it
         end = h.end or {}
-        data.launch_row.update(
-            {
-                "exit_code": h.exit_code,
-                "ended": end.get("how"),
-                "end_signal": end.get("signal"),
-                "end_by_perfkit": end.get("by_perfkit"),
-                "failed_request": failed,
-                "oom_record": end.get("oom"),
-            }
-        )
+        data.launch_row.update(_ended(h.exit_code, end), failed_request=failed)
         if failed is not None and data.error is None:
             data.error = failed_launch_text(label, failed, data.outcomes[failed], end)
     except EngineStartError as exc:
         data.error = str(exc)
         log.error("launch %s failed: %s", label, exc)
         start_dir = exc.run_dir  # None: it failed before its directory was made
-        end = exc.end or {}  # an engine lost before ready is told apart from one its cap ended
+        end = exc.end or {}
         start_end = {
-            "exit_code": exc.exit_code,
-            "ended": end.get("how"),
-            "end_signal": end.get("signal"),
-            "end_by_perfkit": end.get("by_perfkit"),
-            "oom_record": end.get("oom"),
+            **_ended(exc.exit_code, end),
             "cap_exceeded": bool(exc.cap_outcome and exc.cap_outcome.exceeded),
         }
     finally:
@@ -313,7 +269,7 @@ def measure_launch(
             **start_end,
         }
     if data.error is None and data.outcomes and all(o.status == "rejected" for o in data.outcomes):
-        o = data.outcomes[0]  # the engine refuses this request: no later launch would measure it
+        o = data.outcomes[0]
         data.error = (
             f"every request rejected by the engine ({len(data.outcomes)}): HTTP {o.http_status}: {o.error}"
         )
@@ -323,10 +279,19 @@ def measure_launch(
     return data
 
 
+def _ended(exit_code: int | None, end: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "exit_code": exit_code,
+        "ended": end.get("how"),
+        "end_signal": end.get("signal"),
+        "end_by_perfkit": end.get("by_perfkit"),
+        "oom_record": end.get("oom"),
+    }
+
+
 def failed_launch_text(label: str, index: int, outcome: RequestOutcome, end: dict[str, Any]) -> str:
-    """The launch error of a request that hung or failed and ended the launch: the request
-    (index, id), what the client saw, how the engine ended and its OOM-kill record when read
-    (examples in docs/robustness.md, "How it ended")."""
+    """The launch error of a request that ended the launch: the request, what the client saw, how
+    the engine ended and its OOM-kill record (docs/robustness.md, "How it ended")."""
     what = {"timeout": "timed out", "error": "failed (engine lost)"}.get(outcome.status, outcome.status)
     rid = f" (id {outcome.request_id})" if outcome.request_id else ""
     text = f"launch {label!r}: request {index}{rid} {what}: {outcome.error or 'no error text'}"
@@ -340,10 +305,8 @@ def failed_launch_text(label: str, index: int, outcome: RequestOutcome, end: dic
 
 
 def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> dict[str, float]:
-    """Time to first result and its parts for the ``launches`` table (docs/DESIGN.md, "Words"):
-    ``first_result_s`` (launch until the first successful request ended, s),
-    ``first_request_wait_s`` (ready until it was sent, s), ``first_request_ms``; NaN when no
-    request succeeded or the launch time is unknown."""
+    """``first_result_s``, ``first_request_wait_s`` and ``first_request_ms`` of the ``launches``
+    table (docs/DESIGN.md, "Words"); NaN when no request succeeded or the launch time is unknown."""
     t_launch, t_ready = cold_start.get("t_launch"), cold_start.get("t_ready")
     ok = next((o for o in outcomes if o.ok), None)
     if ok is None or t_launch is None:
@@ -356,7 +319,7 @@ def first_result(outcomes: list[RequestOutcome], cold_start: dict[str, Any]) -> 
 
 
 def _read_log(data: LaunchData, path: Path | None) -> None:
-    """The raw lines (non-UTF-8 kept as ``\\xNN``) and their parse report, from one read."""
+    """The raw lines (non-UTF-8 as ``\\xNN``) and their parse report, from one read."""
     try:
         raw = path.read_bytes().splitlines(keepends=True) if path is not None else []
     except OSError:
@@ -368,7 +331,7 @@ def _read_log(data: LaunchData, path: Path | None) -> None:
 
 
 def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
-    if data.report is None:  # rows from record lines alone (no performance.log read)
+    if data.report is None:
         data.report = parse_lines(data.record_lines, source=f"records/{data.label}.jsonl")
     report = data.report
     recs = {r.request_id: r for r in report.records}
@@ -394,7 +357,7 @@ def _rows(data: LaunchData, requests: list[VideoRequestSpec]) -> None:
         if rec is None:
             row = failed_row(data.label, i, out, req)
             refused = report.rejected.get(out.request_id) if out.request_id else None
-            if refused is not None:  # its record was refused: not measured, whatever HTTP said
+            if refused is not None:  # its record was refused: not measured
                 row["status"], row["error"] = "failed", refused
             data.requests.append(row)
             continue

@@ -1,9 +1,6 @@
-"""Profiled requests: torch.profiler traces through sglang's per-request profiling API, sent in
-an extra launch (label ``profiled``) after the measured one, rows only in the ``traces`` table;
-see docs/below-the-stage.md ("perfkit asks for traces"). Also allocation sites of what grew: the
-``snapshot`` setting's allocator snapshots on request boundaries read into the bundle's
-``memory_sites`` rows (:func:`collect`).
-"""
+"""Profiled requests (torch.profiler traces via sglang's per-request API) in an extra launch, rows
+in the ``traces`` table (docs/below-the-stage.md), and the allocation sites of what grew between
+allocator snapshots (``memory_sites`` rows, :func:`collect`)."""
 
 from __future__ import annotations
 
@@ -34,23 +31,17 @@ log = logging.getLogger(__name__)
 LAUNCH = "profiled"
 #: sglang's directory variable for diffusion profiler traces
 DIR_VARIABLE = "SGLANG_DIFFUSION_TORCH_PROFILER_DIR"
-#: the request roles: request 0 of the extra launch is its cold request, the next ones warm
-#: (the second and later warm ones are ``profiled warm 2``, ``profiled warm 3``, ...)
+#: the roles of the extra launch's request 0 and the next (``profiled warm 2``, ...)
 ROLES = {"cold": "profiled cold", "warm": "profiled warm"}
-#: sglang's trace file name: ``{request_id}-{mode}-global-rank{rank}.trace.json.gz``
-#: (``runtime/utils/profiler.py``), mode ``full_stages`` or ``{N}_steps``
+#: sglang's trace file name (``runtime/utils/profiler.py``)
 MODE_IN_NAME = re.compile(r"-(full_stages|(\d+)_steps)-global-rank\d+\.trace\.json(\.gz)?$")
-#: the role of request 0 in warmup_shapes' extra launch: its startup warmup does not cover the
-#: request's shape, so request 0 is the first request of a new shape
+#: the role of request 0 in warmup_shapes' extra launch
 FIRST_OF_NEW_SHAPE = "profiled first of new shape"
 
 
 class ProfileParams(BaseModel):
-    """``profile`` setting of an investigation: ``requests`` (``cold`` and/or ``warm``),
-    ``steps`` (sglang's ``num_profiled_timesteps``; -1: all), ``all_stages`` (sglang's
-    ``profile_all_stages``), ``warm`` (warm requests profiled; a diff takes each op's median),
-    ``max_trace_mib`` (a larger trace is listed, not copied into the bundle).
-    """
+    """``profile`` setting: ``steps`` sglang's ``num_profiled_timesteps`` (-1: all), ``warm`` warm
+    requests profiled; a trace over ``max_trace_mib`` is listed, not kept."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,8 +54,7 @@ class ProfileParams(BaseModel):
     @field_validator("steps")
     @classmethod
     def _steps(cls, v: int) -> int:
-        # 1000: the reference engine's MAX_PROFILED_STEPS (refengine.profiling; not importable
-        # here), which answers 400 above it: refused here, before any launch
+        # 1000: the reference engine's MAX_PROFILED_STEPS (refengine.profiling)
         if v != -1 and not 1 <= v <= 1000:
             raise ValueError(
                 f"steps must be -1 (all) or between 1 and 1000 (sglang's num_profiled_timesteps), got {v}"
@@ -72,7 +62,6 @@ class ProfileParams(BaseModel):
         return v
 
     def fields(self) -> dict[str, Any]:
-        """sglang's request fields for a profiled request."""
         return {
             "profile": True,
             "num_profiled_timesteps": self.steps,
@@ -83,9 +72,7 @@ class ProfileParams(BaseModel):
 def profile_requests(
     request: VideoRequestSpec, profile: ProfileParams, first_role: str = ROLES["cold"]
 ) -> list[tuple[str | None, VideoRequestSpec]]:
-    """The extra launch's requests: (role or None when not profiled, request) for the cold one
-    (role ``first_role``; profiled when ``cold`` is asked for) and, when warm ones are asked
-    for, ``profile.warm`` warm ones (same shape)."""
+    """The extra launch's (role or None when not profiled, request): cold, then warm ones."""
     extra = {**request.extra, **profile.fields()}
     profiled = VideoRequestSpec(**{**request.__dict__, "extra": extra})
     out: list[tuple[str | None, VideoRequestSpec]] = [
@@ -105,14 +92,8 @@ def run_profiled(
     label: str = LAUNCH,
     first_role: str = ROLES["cold"],
 ) -> tuple[pd.DataFrame, dict[str, Path]]:
-    """Run the extra launch (``label``) and collect its traces. ``first_role``: the role of its
-    request 0 (``profiled cold``; warmup_shapes: :data:`FIRST_OF_NEW_SHAPE`).
-
-    Returns:
-        The ``traces`` table (declared in :mod:`perfkit.bundle_schema`; one row per profiled
-        request, a failed one included with its status and error) and ``{file name: path}`` of
-        the traces to copy into the bundle (those under ``max_trace_mib``).
-    """
+    """Run the extra launch and collect its traces. Returns the ``traces`` table (a row per
+    profiled request, failed ones too) and ``{file name: path}`` of the traces to keep."""
     tdir = (Path(run_dir) / f"{label}-traces").resolve()
     tdir.mkdir(parents=True, exist_ok=True)
     env = {**spec.env, DIR_VARIABLE: str(tdir)}
@@ -136,13 +117,17 @@ def run_profiled(
             "mode": prof.get("mode"),
             "steps_recorded": prof.get("steps_recorded"),
             "stages": "; ".join(n for n, _ in rec.stages) if rec is not None and rec.stages else None,
-            "kept": False,  # file, size_mib and note: NA (conform) unless set below
+            "kept": False,
             "e2e_ms": math.nan if rec is None or rec.total_duration_ms is None else rec.total_duration_ms,
             "injected_ms": sum(injected.values())
             if (injected := pk.get("debug_stage_delay_wall_ms"))
             else math.nan,
         }
-        path = _trace_path(prof, tdir, out.request_id if out is not None else "")
+        # the trace the record names, else the one sglang's file name finds
+        rid = out.request_id if out is not None else None
+        found = sorted(tdir.glob(f"{rid}-*-global-rank0.trace.json*")) if rid else []
+        named = prof.get("path")
+        path = Path(named) if named and Path(named).is_file() else next(iter(found), None)
         if out is None or not out.ok:
             row["note"] = (out.error if out is not None else data.error) or "the request did not complete"
         elif path is None:
@@ -168,9 +153,7 @@ def run_profiled(
 
 
 def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, Any]:
-    """``mode``, ``steps_asked`` and ``steps_recorded`` of the trace at ``path``: from the
-    engine's record, else (real sglang writes none) from the file name (:data:`MODE_IN_NAME`)
-    and its ``ProfilerStep`` ranges (NA when unreadable)."""
+    """``mode``, ``steps_asked``, ``steps_recorded``: from the record, else from the file."""
     m = MODE_IN_NAME.search(path.name)
     mode = mode or (m.group(1) if m else None)
     n = re.fullmatch(r"(\d+)_steps", mode or "")
@@ -184,18 +167,6 @@ def _steps_of(path: Path, mode: str | None, recorded: int | None) -> dict[str, A
     return out
 
 
-def _trace_path(prof: dict[str, Any], tdir: Path, request_id: str) -> Path | None:
-    """The trace the record names, else the one sglang's file name pattern finds in ``tdir``."""
-    p = prof.get("path")
-    if p and Path(p).is_file():
-        return Path(p)
-    if request_id:
-        found = sorted(tdir.glob(f"{request_id}-*-global-rank0.trace.json*"))
-        if found:
-            return found[0]
-    return None
-
-
 def attach(bundle: ResultBundle, table: pd.DataFrame, files: dict[str, Path]) -> ResultBundle:
     """Put the ``traces`` table and the trace files into ``bundle`` (returned)."""
     bundle.tables["traces"] = table
@@ -207,12 +178,8 @@ NOT_ON_CPU = "not available on cpu"
 
 
 class SnapshotParams(BaseModel):
-    """``snapshot`` setting of an investigation: allocator snapshots on request boundaries (CUDA).
-
-    ``warm``: which warm request k to compare with the cold one (None: the last); ``max_entries``:
-    allocation history kept (bounds a file's size); ``top``: sites kept per table;
-    ``max_file_mib``: a snapshot (gzipped) over this is summarised but not kept in the bundle.
-    """
+    """``snapshot`` setting: allocator snapshots after the cold and warm request ``warm`` (None:
+    the last); ``max_entries`` history kept; ``top`` sites kept; over ``max_file_mib``: not kept."""
 
     model_config = ConfigDict(extra="forbid")
     warm: int | None = Field(None, ge=1)
@@ -227,8 +194,7 @@ class SnapshotParams(BaseModel):
 
 
 def ask_engine(spec: EngineSpec, params: SnapshotParams, repeats: int) -> tuple[EngineSpec, str | None]:
-    """``spec`` with the snapshot flags set, and None; or ``spec`` unchanged and why not (an
-    engine kind without the flags: sglang's server has no such option)."""
+    """``spec`` with the snapshot flags set, and None; or ``spec`` unchanged and why not."""
     if spec.kind != "reference":
         return (
             spec,
@@ -242,15 +208,9 @@ def ask_engine(spec: EngineSpec, params: SnapshotParams, repeats: int) -> tuple[
 def collect(
     data: LaunchData, params: SnapshotParams, repeats: int, why_not: str | None = None
 ) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Path]]:
-    """Read the snapshots the records of launch ``data`` name and compare them.
-
-    ``why_not``: :func:`ask_engine`'s reason; then nothing is read and it is the status.
-
-    Returns:
-        (``memory_sites`` table, results entry, bundle files ``name -> path``). The results
-        entry: ``status`` (``ok``, :data:`NOT_ON_CPU`, or why not), ``from``/``to`` request
-        indices, ``grew`` (top sites: site, grown_mib) and ``peak_mib``.
-    """
+    """Read and compare the snapshots ``data``'s records name (``why_not``: none, the status).
+    Returns (``memory_sites`` table, results entry: ``status``, ``from``, ``to``, ``grew``,
+    ``peak_mib``, bundle files ``name -> path``)."""
     launch = data.label
     entries = {
         snap["request_index"]: {**snap, "t_start": r.perfkit.get("t_start")}
@@ -294,7 +254,6 @@ def collect(
         {
             "status": "ok",
             "grew": [
-                # sites that grew (one whose blocks were only replaced, same MiB, did not)
                 {"site": g["site"], "grown_mib": float(g["grown_mib"])}
                 for _, g in grew[grew["grown_mib"] > 0].head(3).iterrows()
             ],
@@ -321,8 +280,7 @@ def collect(
 
 
 def sites_markdown(r: Mapping[str, Any]) -> str:
-    """Markdown: what grew between the snapshots and where it was allocated; the status line
-    when there is nothing to show (``not available on cpu``); empty when no snapshot was asked."""
+    """Markdown: where the memory grew between the snapshots, or the status; "" when not asked."""
     ms = r.get("memory_sites")
     if not isinstance(ms, Mapping):
         return ""
@@ -341,8 +299,7 @@ def sites_markdown(r: Mapping[str, Any]) -> str:
 
 
 def top_sites_text(r: Mapping[str, Any], n: int = 2) -> str:
-    """``"top allocation sites: f (file:line) +192.0 MiB"`` for a leak verdict, or the status
-    (``not available on cpu``), or empty when no snapshot was asked."""
+    """``"top allocation sites: f (file:line) +192.0 MiB"``, or the status; "" when not asked."""
     ms = r.get("memory_sites")
     if not isinstance(ms, Mapping):
         return ""

@@ -1,9 +1,6 @@
-"""Progress of long runs: a bar per launch and per request (:func:`track_requests`), with an
-estimate from the params (:func:`planned_requests`, an upper bound when launches are reused).
-A terminal gets tqdm's bar on stderr, a Jupyter kernel plain text lines (never a widget), a
-notebook under ``perfkit suite``/``perfkit run`` JSON lines in ``$PERFKIT_PROGRESS_FILE`` that
-:class:`RunBars` draws; see docs/lab.md and docs/suite.md.
-"""
+"""Progress of long runs (:func:`track_requests`): tqdm on a terminal, text lines in a kernel, JSON
+lines in ``$PERFKIT_PROGRESS_FILE`` under ``perfkit suite``/``run`` that :class:`RunBars` draws
+(with :func:`planned_requests`); docs/lab.md, docs/suite.md."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: environment variable naming the events file (set for papermill kernels by the suite)
 PROGRESS_ENV = "PERFKIT_PROGRESS_FILE"
 #: launches with fewer requests than this draw no per-request bar (they finish in seconds)
 MIN_REQUESTS_FOR_BAR = 2
@@ -46,16 +42,14 @@ def _quiet() -> bool:
 
 
 def launching(label: str, what: str = "the engine") -> None:
-    """Say that launch ``label`` is starting ``what`` (the seconds before its first request):
-    a ``launching`` event, and in a Jupyter kernel nobody else draws for, a text line."""
+    """Say that launch ``label`` is starting ``what``: an event, in a lone kernel a text line."""
     emit("launching", label=label, what=what)
     if not _quiet() and in_kernel():
         print(f"{label}: launching {what} … (the first request is sent once it serves)", flush=True)
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Append ``{"event": event, "t": unix seconds, **fields}`` to ``$PERFKIT_PROGRESS_FILE``
-    (no-op when unset; a write error is logged, never raised)."""
+    """Send ``{"event", "t", **fields}`` to listeners and ``$PERFKIT_PROGRESS_FILE`` (errors logged)."""
     ev = {"event": event, "t": time.time(), **fields}
     for listener in list(_LISTENERS):
         listener(ev)
@@ -72,9 +66,7 @@ def emit(event: str, **fields: Any) -> None:
 
 @contextlib.contextmanager
 def listening(callback: Callable[[Mapping[str, Any]], None]) -> Iterator[None]:
-    """Pass this process's progress events (``launch``, ``request``, ``launch_done``) to
-    ``callback`` while the block runs; :func:`track_requests` draws no bar of its own meanwhile
-    (the listener's owner draws one)."""
+    """Pass this process's progress events to ``callback`` (not drawn here) while the block runs."""
     _LISTENERS.append(callback)
     try:
         yield
@@ -83,19 +75,15 @@ def listening(callback: Callable[[Mapping[str, Any]], None]) -> Iterator[None]:
 
 
 def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
-    """Yield ``requests`` while showing a per-request bar for launch ``label`` (see the module
-    doc for where it renders). Emits ``launch`` (label, requests), ``request`` (label, index i
-    done so far, n) and ``launch_done`` events."""
+    """Yield ``requests`` with a bar for launch ``label``, emitting the progress events."""
     items = list(requests)
     n = len(items)
     emit("launch", label=label, requests=n)
-    # in a papermill kernel the suite draws the bars: nothing goes into the notebook
-    # (or a RunBars in this process draws them)
     quiet = _quiet()
     lines = not quiet and in_kernel()  # text lines in a notebook, never a widget
     bar = None
     if not quiet and not lines and n >= MIN_REQUESTS_FOR_BAR:
-        from tqdm.std import tqdm  # the text bar, on stderr
+        from tqdm.std import tqdm
 
         bar = tqdm(total=n, desc=label, unit="request", leave=False)
     t0 = time.monotonic()
@@ -120,9 +108,8 @@ def track_requests(requests: Sequence[T], label: str) -> Iterator[T]:
 
 
 def in_flight(path: str | Path) -> dict[str, Any] | None:
-    """The launch whose requests were under way when the events of ``path`` stop (a kernel that
-    died mid-launch never writes its ``launch_done``): ``{"launch": label, "request": i}``,
-    ``i`` the index (0 = cold) of the request then in flight; None when every launch ended."""
+    """``{"launch": label, "request": i}`` of the request in flight when the events of ``path``
+    stop (a kernel died mid-launch); None when every launch ended."""
     events, _ = read_events(path)
     open_: dict[str, int] = {}
     for ev in events:
@@ -140,8 +127,7 @@ def in_flight(path: str | Path) -> dict[str, Any] | None:
 
 
 def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Events appended to ``path`` since byte ``offset``, and the new offset (a partial last
-    line is left for the next call). A missing file gives no events."""
+    """Events appended to ``path`` since byte ``offset``, and the new offset (a partial line left)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
@@ -167,11 +153,7 @@ def planned_requests(plans: Iterable[Sequence[int]]) -> tuple[int, int]:
 
 
 class RunBars:
-    """Terminal bars of a whole run, drawn from progress events: every request of the run (its
-    total from the investigations' plans, so tqdm gives an ETA; the launches so far in its postfix)
-    and the requests of the current launch. ``perfkit suite`` and ``perfkit run`` feed it from
-    a kernel's events file (:meth:`watch`); ``python -m perfkit.measure`` in process
-    (:meth:`listen`)."""
+    """Terminal bars of a whole run (every planned request, the current launch's) from events."""
 
     def __init__(self, file: Any, launches: int, requests: int, enabled: bool = True) -> None:
         from tqdm.std import tqdm
@@ -187,7 +169,6 @@ class RunBars:
         self.launch_bar: Any = None
 
     def handle(self, ev: Mapping[str, Any], investigation: str = "") -> None:
-        """Apply one event (``launch``, ``request``, ``launch_done``) to the bars."""
         if not self.enabled:
             return
         kind = ev.get("event")
@@ -217,9 +198,7 @@ class RunBars:
 
     @contextlib.contextmanager
     def watch(self, path: Path, investigation: str, planned: int = 0):
-        """Tail ``path`` (events of ``investigation``'s notebook) while the block runs. ``planned``:
-        the requests its plan estimated; those it did not send (a launch reused from an earlier
-        investigation, a failure) are counted as done when it ends, so the ETA stays honest."""
+        """Tail ``path`` while the block runs; ``planned`` requests not sent count as done at its end."""
         if not self.enabled:
             yield
             return
@@ -247,8 +226,7 @@ class RunBars:
 
     @contextlib.contextmanager
     def listen(self, investigation: str, planned: int = 0):
-        """Take this process's events (:func:`track_requests` in the same process) while the
-        block runs; the per-launch bar is drawn here, not by :func:`track_requests`."""
+        """Take this process's events while the block runs."""
         if not self.enabled:
             yield
             return
@@ -257,7 +235,6 @@ class RunBars:
 
     @contextlib.contextmanager
     def _planned(self, planned: int) -> Iterator[None]:
-        """Count the ``planned`` requests not sent within the block as done when it ends."""
         start = self.overall.n
         try:
             yield
@@ -265,14 +242,13 @@ class RunBars:
             short = planned - (self.overall.n - start)
             if short > 0:
                 self.overall.update(short)
-            self._launches_postfix()  # not "launching …" of a launch that sent no request
+            self._launches_postfix()
 
     def _launches_postfix(self) -> None:
         of = f"/~{self.launches_planned}" if self.launches_planned else ""
         self.overall.set_postfix_str(f"launch {self.launches_seen}{of}")
 
     def close(self) -> None:
-        """Close the bars."""
         if self.launch_bar is not None:
             self.launch_bar.close()
         self.overall.close()

@@ -1,3 +1,2 @@
-"""Readers of what engines write and of memory: sglang's per-request records
-(:mod:`~perfkit.readings.records`), stage names (:mod:`~perfkit.readings.stages`) and the memory
-sampler (:mod:`~perfkit.readings.sampler`). The lowest layer above :mod:`perfkit.common`."""
+"""Readers of what engines write (records, perf dumps, stages, traces, config, snapshots) and of
+memory (:mod:`~perfkit.readings.sampler`); the lowest layer above :mod:`perfkit.common`."""

@@ -1,7 +1,5 @@
-"""What the engine really ran: its effective config as the engine reports it (the reference
-engine's records, sglang's ``server_args`` startup line), else ``not reported``; never filled in
-from the spec that asked. Sources: docs/sglang.md, "Readers".
-"""
+"""The engine's effective config as it reports it (reference-engine records, sglang's
+``server_args`` line), else ``not reported``, never from the spec. Sources: docs/sglang.md."""
 
 from __future__ import annotations
 
@@ -19,11 +17,8 @@ NOT_REPORTED = "not reported"
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine's effective config (one launch); ``None``: the engine did not report it.
-    ``config_source``: ``engine record``, ``engine log (server_args JSON)``, ``engine log
-    (ServerArgs repr)`` or ``not reported``; ``compile_requested`` as the engine understood its
-    flags, ``compile_disabled_reason`` why compile was asked but is not active; ``offload``
-    component -> mode as ``"transformer=none, vae=model"``; ``device`` ``cuda:0``/``cpu``."""
+    """One launch's effective config; None: not reported. ``config_source``: ``engine record``,
+    ``engine log (<form>)`` or ``not reported``; ``offload`` as ``"transformer=none, vae=model"``."""
 
     config_source: str = NOT_REPORTED
     compile_requested: bool | None = None
@@ -52,8 +47,7 @@ def _opt_str(value: Any) -> str | None:
 
 
 def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
-    """The effective config in a reference-engine record's ``perfkit`` object (older records:
-    ``compile`` for ``compile_active``), or None when it carries none."""
+    """The config in a reference-engine record's ``perfkit`` object, or None when it has none."""
     if "compile_active" not in perfkit and "compile" not in perfkit:
         return None
     limit = perfkit.get("recompile_limit")
@@ -68,35 +62,27 @@ def from_record(perfkit: Mapping[str, Any]) -> EngineConfig | None:
     )
 
 
-# sglang's ServerArgs line (docs/sglang.md, "Readers"): found with str methods; the repr's field
-# pattern never backtracks (docs/robustness.md, "Input limits").
+# the repr's field pattern never backtracks (docs/robustness.md, "Input limits")
 _ARGS_TAG = "server_args"
 _ARGS_OPEN = "ServerArgs("
 _FIELD = re.compile(r"(?<!\w)(?P<key>\w++)=(?P<val>'[^']*+'|\"[^\"]*+\"|[\w.+-]++)")
 _REPR_WORDS = {"True": True, "False": False, "None": None}
-# component -> the ServerArgs flag that offloads it to the CPU (server_args.py)
+# component -> its ServerArgs CPU-offload flag
 _OFFLOAD_FLAGS = (
     ("transformer", "dit_cpu_offload"),
     ("text_encoder", "text_encoder_cpu_offload"),
     ("image_encoder", "image_encoder_cpu_offload"),
     ("vae", "vae_cpu_offload"),
 )
-# what sglang logs beside its args: the attention backend it picked (layers/attention/selector.py),
-# the device (distributed/parallel_state.py), the weights dtype (transformer_loader.py; the
-# diffusers backend: pipelines/diffusers_pipeline.py)
+# sglang's log lines naming its picked attention backend, device and weights dtype
 _PICKED_ATTENTION = re.compile(r"Using (\w++) attention backend")
 _DEVICE = re.compile(r"Initializing distributed environment with world_size=\d++, device=([\w:]++)")
 _DTYPE = re.compile(r"(?:param_dtype: |Loading diffusers pipeline with dtype=)(?:torch\.)?(\w++)")
 
 
 def server_args(text: str) -> tuple[dict[str, Any], str] | None:
-    """sglang's logged ServerArgs: (name -> value, its form), or None when the log has none.
-
-    The form is ``"server_args JSON"`` (sglang 0.5.23's line) or ``"ServerArgs repr"`` (its
-    fallback, and older sglang's ``server_args=ServerArgs(...)``; scalar fields only:
-    ``True``/``False``/``None``, quoted strings, else the text). The last such line wins (a
-    restart logs again); a JSON line that does not parse is skipped with a warning.
-    """
+    """sglang's last logged ServerArgs: (name -> value, ``"server_args JSON"`` or ``"ServerArgs
+    repr"`` (scalar fields only)), or None. A JSON line that does not parse is skipped, warned."""
     found: tuple[dict[str, Any], str] | None = None
     for line in text.splitlines():
         i = line.find(_ARGS_TAG)
@@ -127,10 +113,8 @@ def _last(pattern: re.Pattern[str], text: str, marker: str) -> str | None:
 
 
 def from_sglang_log(text: str) -> EngineConfig | None:
-    """The effective config from an sglang log (:func:`server_args` and the startup lines beside
-    it), or None when it logged no ServerArgs. ``enable_torch_compile`` is what sglang runs (it
-    logs its args after adjusting them; what was asked is not logged: compile_requested None); a
-    null ``attention_backend`` is named with the pick sglang logged."""
+    """The config from an sglang log (:func:`server_args` and the lines beside it), or None when
+    it logged no ServerArgs; ``compile_requested`` is not logged (None)."""
     got = server_args(text)
     if got is None:
         return None
@@ -158,13 +142,6 @@ def from_sglang_log(text: str) -> EngineConfig | None:
 
 
 def effective_config(record_perfkit: Mapping[str, Any] | None, logs: Mapping[str, str]) -> EngineConfig:
-    """The launch's effective config: :func:`from_record`, else :func:`from_sglang_log` of its
-    logs, else :data:`NOT_REPORTED` with every field None."""
+    """:func:`from_record`, else :func:`from_sglang_log` of ``logs``, else not reported."""
     cfg = from_record(record_perfkit) if record_perfkit else None
-    if cfg is not None:
-        return cfg
-    for text in logs.values():
-        cfg = from_sglang_log(text)
-        if cfg is not None:
-            return cfg
-    return EngineConfig()
+    return cfg or next(filter(None, map(from_sglang_log, logs.values())), EngineConfig())

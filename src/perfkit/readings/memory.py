@@ -1,10 +1,6 @@
-"""The one host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal (MiB
-unless a name says GiB), and the host's OOM-kill record of a process (:func:`oom_record`).
-
-Every number is the value in the file or a :class:`MemoryReadError` naming the file and the key,
-never a silent 0; a process that vanished mid-read (or a zombie) is skipped, not counted as 0.
-What is read, and why PSS: docs/suite.md, "Measurement rules"; the OOM record: docs/robustness.md.
-"""
+"""The host memory reader: process trees (PSS, USS, RSS), cgroups, limits, MemTotal (MiB unless
+GiB is named), OOM-kill records (:func:`oom_record`); every number as in the file or an error.
+Rules: docs/suite.md, "Measurement rules"; the OOM record: docs/robustness.md."""
 
 from __future__ import annotations
 
@@ -18,42 +14,36 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-#: the largest fraction of wall time a poller (the sampler, the cap watchdog's peak) spends
-#: reading ``smaps_rollup``, which stalls the engine's mmap (issue 42: docs/suite.md)
+#: the largest share of wall time a poller spends reading ``smaps_rollup`` (docs/suite.md)
 PSS_DUTY = 0.01
 
 
 @dataclass
 class ReadBudget:
-    """When a costly read (``smaps_rollup``) is next due, so that such reads take at most ``duty``
-    of the wall time: a read at ``t0`` (monotonic s) taking ``took`` s makes the next due at
-    ``t0 + took / duty``; the first is due at once."""
+    """Paces a costly read to ``duty`` of the wall time: one at ``t0`` taking ``took`` s (monotonic)
+    makes the next due at ``t0 + took / duty``."""
 
     duty: float
     next_at: float = 0.0
 
     def due(self, now: float) -> bool:
-        """Whether a read may be taken at ``now`` (monotonic s)."""
         return now >= self.next_at
 
     def spent(self, t0: float, took: float) -> None:
-        """A read began at ``t0`` and took ``took`` s."""
         self.next_at = t0 + took / self.duty
 
 
 MIB = 2**20
 GIB = 2**30
 NAN = float("nan")
-#: cgroup v1 writes "unlimited" as a huge number (PAGE_COUNTER_MAX pages); anything from here on
-#: is no limit
+#: from here on no limit (cgroup v1 writes "unlimited" as PAGE_COUNTER_MAX pages)
 UNLIMITED_SENTINEL = 2**60
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class MemoryReadError(RuntimeError):
-    """A memory figure could not be read (file not readable, key missing or not a number):
-    :attr:`path` the file, :attr:`key` the key (``Pss``, ``MemTotal``, ``memory.max``)."""
+    """A memory figure could not be read: :attr:`path` the file, :attr:`key` the key."""
 
     def __init__(self, path: str | Path, key: str, why: str) -> None:
         super().__init__(f"{path}: {key}: {why}")
@@ -63,8 +53,7 @@ class MemoryReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """Host memory of one process, MiB (RSS, PSS, USS, anonymous resident); ``source``
-    ``smaps_rollup``, or ``statm`` with PSS and USS NaN."""
+    """Host memory of one process, MiB; ``source`` ``smaps_rollup``, or ``statm`` (PSS, USS NaN)."""
 
     pid: int
     rss_mib: float
@@ -76,9 +65,7 @@ class ProcessMemory:
 
 @dataclass(frozen=True)
 class TreeMemory(ProcessMemory):
-    """Host memory of the process tree rooted at ``pid``, MiB, summed over ``pids`` (those read;
-    ``vanished`` ones skipped, not 0); ``root_alive`` False: the root is gone or a zombie;
-    ``source`` ``pss`` (smaps_rollup) or ``rss`` (statm: PSS and USS NaN)."""
+    """Host memory of the tree rooted at ``pid`` (MiB) summed over ``pids``; ``vanished`` skipped."""
 
     root_alive: bool
     pids: tuple[int, ...]
@@ -87,8 +74,7 @@ class TreeMemory(ProcessMemory):
 
 @dataclass(frozen=True)
 class CgroupMemory:
-    """``memory.current`` and ``memory.peak`` of a cgroup v2, MiB (peak None where the kernel
-    has no ``memory.peak``, before 5.19)."""
+    """A cgroup v2's ``memory.current`` and ``memory.peak`` (MiB; peak None before Linux 5.19)."""
 
     path: str
     current_mib: float
@@ -97,8 +83,7 @@ class CgroupMemory:
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """One limit on the memory this process tree may use: ``source`` (``cgroup-v2``,
-    ``cgroup-v1`` or ``meminfo``), ``path`` the file read, ``gib`` the limit (GiB)."""
+    """One memory limit (GiB) and its ``source`` (``cgroup-v2``, ``cgroup-v1``, ``meminfo``)."""
 
     source: str
     path: str
@@ -107,9 +92,7 @@ class MemoryLimit:
 
 @dataclass(frozen=True)
 class HostBudget:
-    """The host budget (GiB) after clamping to what exists: ``effective_gib`` = min(``asked_gib``,
-    every limit) (both None: no cap asked), ``clamp`` why it is below the ask (None: not clamped),
-    e.g. ``"cgroup-v2 /sys/fs/cgroup/a/memory.max = 1 GiB"``."""
+    """The host budget (GiB): min(ask, every limit), and ``clamp`` why it is below the ask."""
 
     asked_gib: float | None
     effective_gib: float | None
@@ -117,8 +100,7 @@ class HostBudget:
 
 
 def _kib_lines(text: str, path: Path, keys: tuple[str, ...]) -> dict[str, int]:
-    """``Key:   123 kB`` lines -> key -> bytes for ``keys``. Raises MemoryReadError when a key
-    is missing or not a number."""
+    """``Key:   123 kB`` lines -> key -> bytes; MemoryReadError for a missing or bad key."""
     found: dict[str, int] = {}
     for line in text.splitlines():
         k, sep, rest = line.partition(":")
@@ -153,17 +135,8 @@ def _int(text: str, path: Path, key: str) -> int:
         raise MemoryReadError(path, key, f"not a number: {text!r}") from None
 
 
-def _limit_value(path: Path, key: str) -> int | None:
-    """A cgroup limit file: bytes, None for ``max`` / the v1 sentinel. Raises MemoryReadError
-    when the content is not a number; FileNotFoundError passes through."""
-    text = path.read_text().strip()
-    v = None if text == "max" else _int(text, path, key)
-    return None if v is None or v >= UNLIMITED_SENTINEL else v
-
-
 def _proc_file(path: Path, key: str) -> str | None:
-    """A /proc file's text; None when its process vanished. Raises MemoryReadError naming ``key``
-    when it is there but not readable."""
+    """A /proc file's text; None when its process vanished."""
     try:
         return path.read_text()
     except PermissionError as exc:
@@ -174,9 +147,7 @@ def _proc_file(path: Path, key: str) -> str | None:
 
 
 class HostMemoryReader:
-    """Reads host memory figures from ``proc_root`` (procfs; a test may pass a fake tree) and
-    ``cgroup_root`` (v2 unified, or the v1 hierarchies' parent with ``memory/``, maybe
-    ``unified/``)."""
+    """Reads host memory from ``proc_root`` and ``cgroup_root`` (tests pass fake trees)."""
 
     def __init__(self, proc_root: str | Path = "/proc", cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
         self.proc_root = Path(proc_root)
@@ -184,8 +155,7 @@ class HostMemoryReader:
         self._has_rollup: bool | None = None
 
     def tree_pids(self, root: int) -> list[int]:
-        """``root`` and its descendants (empty when root is gone), from
-        ``/proc/<pid>/task/<tid>/children``, else a psutil scan."""
+        """``root`` and its descendants (empty when root is gone)."""
         if not (self.proc_root / str(root) / "task" / str(root) / "children").exists():
             if not (self.proc_root / str(root)).exists():
                 return []
@@ -226,10 +196,8 @@ class HostMemoryReader:
         return self._has_rollup
 
     def process(self, pid: int, pss: bool = True) -> ProcessMemory | None:
-        """Host memory of one process (MiB), or None when it vanished (gone, or a zombie): from
-        ``smaps_rollup`` with ``pss`` (a page-table walk: costly for a large process), else from
-        ``statm`` (PSS/USS NaN). Raises MemoryReadError: the file is there but not readable, or
-        a key is missing or not a number."""
+        """Host memory of one process (MiB) from ``smaps_rollup`` (``pss``: costly) or ``statm``
+        (PSS/USS NaN); None when it vanished. Raises MemoryReadError naming the file and key."""
         if pss and self.has_smaps_rollup():
             path = self.proc_root / str(pid) / "smaps_rollup"
             text = _proc_file(path, "Pss")
@@ -255,13 +223,12 @@ class HostMemoryReader:
         if resident == 0:  # a zombie
             log.debug("pid %d has no resident memory (zombie): skipped", pid)
             return None
-        # statm's resident - shared is the kernel's RssAnon (shared = RssFile + RssShmem)
+        # statm's resident - shared is the kernel's RssAnon
         anon = max(0, resident - shared) * _PAGE / MIB
         return ProcessMemory(pid, resident * _PAGE / MIB, NAN, NAN, anon, "statm")
 
     def tree(self, root: int, pids: list[int] | None = None, pss: bool = True) -> TreeMemory:
-        """Host memory of the tree rooted at ``root`` (MiB), summed over ``pids`` (default:
-        :meth:`tree_pids`). Raises MemoryReadError as :meth:`process`."""
+        """:meth:`process` summed over ``pids`` (default: :meth:`tree_pids`), MiB."""
         pids = self.tree_pids(root) if pids is None else pids
         got = [(pid, self.process(pid, pss=pss)) for pid in pids]
         read = [m for _, m in got if m is not None]
@@ -280,7 +247,7 @@ class HostMemoryReader:
         )
 
     def mem_total_mib(self) -> float:
-        """``MemTotal`` of ``/proc/meminfo`` in MiB. Raises MemoryReadError: no file or number."""
+        """``MemTotal`` in MiB. Raises MemoryReadError."""
         path = self.proc_root / "meminfo"
         return _kib_lines(_read(path, "MemTotal"), path, ("MemTotal",))["MemTotal"] / MIB
 
@@ -291,9 +258,7 @@ class HostMemoryReader:
         return None
 
     def own_cgroups(self) -> list[tuple[str, Path, Path]]:
-        """(``cgroup-v2`` | ``cgroup-v1``, hierarchy root, directory) of the current process's
-        memory cgroups, from ``/proc/self/cgroup`` (empty when that file or the hierarchy is not
-        there)."""
+        """(``cgroup-v2`` | ``cgroup-v1``, hierarchy root, directory) of this process's cgroups."""
         path = self.proc_root / "self" / "cgroup"
         try:
             text = path.read_text()
@@ -318,30 +283,26 @@ class HostMemoryReader:
         return out
 
     def cgroup_limits(self) -> list[MemoryLimit]:
-        """Every finite memory limit (GiB) of the current process's cgroups and their ancestors
-        up to the hierarchy root: v2 ``memory.max``, v1 ``memory.limit_in_bytes`` (``max`` and
-        the v1 sentinel are no limit; a level without the file is skipped). Raises
-        MemoryReadError: a limit file is not readable or not a number or ``max``."""
+        """Every memory limit (GiB) of this process's cgroups and ancestors. Raises MemoryReadError."""
         out: list[MemoryLimit] = []
         for kind, top, d in self.own_cgroups():
             key = "memory.max" if kind == "cgroup-v2" else "memory.limit_in_bytes"
             for level in [d, *[p for p in d.parents if p == top or top in p.parents]]:
                 f = level / key
                 try:
-                    v = _limit_value(f, key)
+                    text = f.read_text().strip()
                 except FileNotFoundError:
                     log.debug("%s: not there, no limit at this level", f)
                     continue
                 except PermissionError as exc:
                     raise MemoryReadError(f, key, f"not readable: {exc}") from None
-                if v is not None:
+                v = None if text == "max" else _int(text, f, key)
+                if v is not None and v < UNLIMITED_SENTINEL:
                     out.append(MemoryLimit(kind, str(f), v / GIB))
         return out
 
     def cgroup_memory(self, path: str | Path) -> CgroupMemory:
-        """``memory.current`` and ``memory.peak`` (MiB; peak None before Linux 5.19) of the cgroup
-        v2 directory ``path``. Raises MemoryReadError: either is there but not a number, or
-        memory.current is missing."""
+        """:class:`CgroupMemory` of the cgroup v2 directory ``path``. Raises MemoryReadError."""
         d = Path(path)
 
         def mib(key: str) -> float:
@@ -351,15 +312,13 @@ class HostMemoryReader:
         return CgroupMemory(str(d), cur, mib("memory.peak") if (d / "memory.peak").exists() else None)
 
     def cgroup_events(self, path: str | Path) -> dict[str, int]:
-        """``memory.events`` of the cgroup v2 directory ``path`` (``oom_kill``, ...). Raises
-        MemoryReadError: the file is not readable or a line is not ``key number``."""
+        """``memory.events`` of the cgroup v2 directory ``path``. Raises MemoryReadError."""
         f = Path(path) / "memory.events"
         lines = (line.partition(" ") for line in _read(f, "memory.events").splitlines())
         return {k: _int(v, f, k) for k, _, v in lines}
 
     def host_budget(self, asked_gib: float | None) -> HostBudget:
-        """min(``asked_gib``, every limit of :meth:`cgroup_limits` and MemTotal), GiB; no ask
-        (None) is no cap. Raises MemoryReadError as they do."""
+        """min(``asked_gib``, :meth:`cgroup_limits`, MemTotal), GiB. Raises MemoryReadError."""
         if asked_gib is None:
             return HostBudget(None, None, None)
         lims = [
@@ -374,7 +333,6 @@ class HostMemoryReader:
         return HostBudget(float(asked_gib), low.gib, why)
 
 
-#: the reader of this host (real /proc and /sys/fs/cgroup)
 DEFAULT = HostMemoryReader()
 
 
@@ -386,9 +344,8 @@ _OOMKILL = re.compile(r"oom-kill:.*?[,:]pid=(\d+)")
 
 
 def kernel_log_lines(path: str = KMSG, max_records: int = 100_000, since: float | None = None) -> list[str]:
-    """The message text of every kernel log record now (``path``: /dev/kmsg, or a file of such
-    records one a line); ``since``: only those written from this epoch time (s) on. Raises
-    OSError: the log cannot be opened (no permission: ``kernel.dmesg_restrict``)."""
+    """Every kernel log message (written from ``since``, epoch s). Raises OSError when the log
+    cannot be opened (``kernel.dmesg_restrict``)."""
     boot = psutil.boot_time() if since is not None else 0.0
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     out: list[str] = []
@@ -419,10 +376,8 @@ def kernel_log_lines(path: str = KMSG, max_records: int = 100_000, since: float 
 def oom_record(
     pids: list[int], cgroup_path: str | Path | None = None, kmsg: str = KMSG, since: float | None = None
 ) -> str:
-    """The OOM-kill record of any of ``pids`` (the engine and its descendants) as one line:
-    ``"cgroup <path>: memory.events oom_kill 1"``, ``"kernel log: <line>"`` (up to three, joined
-    by `` | ``) or ``"no record found (<what was read>)"``; ``since``: the engine's start (epoch s),
-    so an older record of a reused pid is not it. Never raises: an unreadable source is named."""
+    """The OOM-kill record of any of ``pids`` (from ``since``, epoch s) as one line, or ``"no record
+    found (<what was read>)"``. Never raises: an unreadable source is named."""
     read: list[str] = []
     if cgroup_path is not None:
         try:
@@ -430,7 +385,7 @@ def oom_record(
             if n > 0:
                 return f"cgroup {cgroup_path}: memory.events oom_kill {n}"
             read.append(f"{Path(cgroup_path) / 'memory.events'}: oom_kill 0")
-        except MemoryReadError as exc:  # names the file and what was wrong
+        except MemoryReadError as exc:
             read.append(str(exc))
     want = {str(p) for p in pids}
     try:

@@ -1,8 +1,5 @@
 """Allocator snapshot files (torch's ``_dump_snapshot`` pickle, maybe gzipped): read with a
-builtins-only unpickler, validated, grouped by allocation site (MiB = 2**20 bytes; every error a
-:class:`MemSnapshotError` naming the file and key). Format and what a site is: docs/sglang.md,
-"Readers".
-"""
+builtins-only unpickler, validated, grouped by allocation site (MiB). Format, sites: docs/sglang.md."""
 
 from __future__ import annotations
 
@@ -36,21 +33,17 @@ _SAFE_GLOBALS = {("builtins", "set"), ("builtins", "frozenset"), ("builtins", "c
 
 
 class MemSnapshotError(ValueError):
-    """A snapshot file that cannot be read: missing, truncated, corrupted, naming a class, or not
-    torch's layout. The message names the file (and the key)."""
+    """A snapshot file that cannot be read; the message names the file (and the key)."""
 
 
 class Frame(BaseModel):
-    """One Python (or C++) frame: function ``name``, ``filename``, ``line``."""
-
     name: str
     filename: str
     line: int
 
 
 def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
-    # torch's pickle shares each frame dict among the stacks holding it: validate each once, by
-    # identity; a bad one goes through the handler, which raises with the key path
+    # torch's pickle shares frame dicts among stacks: validate each once, by identity
     cache = info.context.get("frames") if isinstance(info.context, dict) else None
     if cache is None or not isinstance(v, list):
         return handler(v)
@@ -70,14 +63,13 @@ def _shared_frames(v: Any, handler: ValidatorFunctionWrapHandler, info: Validati
 MAX_SIZE = 2**50
 #: the most bytes a snapshot may decompress to (a gzip bomb is refused before it fills memory)
 MAX_BYTES = 256 * 2**20
-#: the most memory (bytes) unpickling, then validating, may build, estimated before each starts
-#: (:func:`_scan`, :func:`_build_cost`)
+#: the most memory (bytes) unpickling, then validating, may build (estimated before each)
 MAX_BUILD_BYTES = 2**30
 _MODEL_BYTES = 600  # a validated Block / TraceEntry (measured: 545 B with an empty stack)
 
 
 class _Framed(BaseModel):
-    """A block or event: ``size`` (bytes, at most :data:`MAX_SIZE`) and its allocation stack."""
+    """A block or event: ``size`` (bytes) and its allocation stack."""
 
     size: int = Field(ge=0, le=MAX_SIZE)
     frames: list[Frame] = Field(default_factory=list)
@@ -85,8 +77,6 @@ class _Framed(BaseModel):
 
 
 class Block(_Framed):
-    """A block inside a segment (bytes)."""
-
     address: int
     requested_size: Optional[int] = None
     state: str
@@ -110,7 +100,7 @@ class TraceEntry(_Framed):
 
 
 class SnapshotFile(BaseModel):
-    """torch's snapshot dict (keys perfkit reads; others are kept out)."""
+    """torch's snapshot dict (the keys perfkit reads)."""
 
     segments: list[Segment]
     device_traces: list[list[TraceEntry]] = Field(default_factory=list)
@@ -118,8 +108,6 @@ class SnapshotFile(BaseModel):
 
 @dataclass
 class MemSnapshot:
-    """A validated snapshot. ``path``: where it was read from."""
-
     path: Path
     segments: list[Segment]
     traces: list[list[TraceEntry]]
@@ -185,7 +173,6 @@ def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
             )
 
     def cost(obj: Any, parts: str | None) -> int:
-        # a dict holding a list ``parts`` of models (or a model's ``frames``: 8 B a reference)
         if not isinstance(obj, dict):
             return 0
         hit = memo.get((id(obj), parts))
@@ -211,24 +198,18 @@ def _build_cost(data: dict[str, Any], path: Path, limit: int) -> None:
 def read_snapshot(
     path: str | Path, max_bytes: int = MAX_BYTES, max_build_bytes: int = MAX_BUILD_BYTES
 ) -> MemSnapshot:
-    """Read and validate one snapshot file (plain pickle or gzip of it). Each limit is checked
-    before the next step builds anything: ``max_bytes`` read and decompressed, then
-    ``max_build_bytes`` unpickled (:func:`_scan`) and validated (:func:`_build_cost`).
-
-    Raises:
-        MemSnapshotError: the file is missing, truncated or corrupted, over a limit, names a
-            class other than set/frozenset/complex, or a key is missing, of the wrong type or out
-            of range (naming the file and the key path, e.g. ``segments.3.blocks.0.size``).
-    """
+    """Read and validate one snapshot file (pickle or gzip); ``max_bytes`` read and decompressed,
+    ``max_build_bytes`` unpickled and validated, each checked before building. Raises
+    MemSnapshotError naming the file (and key path): unreadable, over a limit, a class, a bad key."""
     p = Path(path)
     try:
         with p.open("rb") as fh:
-            raw = fh.read(min(max_bytes, os.fstat(fh.fileno()).st_size) + 1)  # read(n) allocates n
+            raw = fh.read(min(max_bytes, os.fstat(fh.fileno()).st_size) + 1)
     except OSError as exc:
         raise MemSnapshotError(f"{p}: cannot read the snapshot: {exc.strerror or exc}") from None
     try:
         if raw[:2] == b"\x1f\x8b":
-            gz = zlib.decompressobj(31)  # gzip; its output grows as it goes
+            gz = zlib.decompressobj(31)  # gzip
             raw = gz.decompress(raw, max_bytes + 1)
             if not gz.eof and len(raw) <= max_bytes:
                 raise EOFError("the gzip stream ends early")
@@ -308,9 +289,8 @@ def live_by_site(snap: MemSnapshot) -> pd.DataFrame:
 
 
 def diff_snapshots(before: MemSnapshot, after: MemSnapshot) -> pd.DataFrame:
-    """What grew from ``before`` to ``after`` by allocation site (a block is the same in both
-    when address, size and stack match): one row a changed site, site, library_line, in_engine,
-    new_blocks, gone_blocks, new_mib, gone_mib, grown_mib (new - gone), largest grown first."""
+    """What grew by allocation site (a block is the same when address, size and stack match): one
+    row a changed site (new/gone blocks and MiB, ``grown_mib``), largest grown first."""
 
     def key(b: Block) -> tuple[Any, ...]:
         return (b.address, b.size, tuple((f.filename, f.line, f.name) for f in b.frames))
@@ -332,9 +312,7 @@ def diff_snapshots(before: MemSnapshot, after: MemSnapshot) -> pd.DataFrame:
 
 @dataclass
 class Peak:
-    """The peak of allocated bytes over a snapshot's trace window: ``mib`` allocated at the peak
-    (every live block on the device), ``time_us`` its event time (epoch µs; None: no times),
-    ``events`` considered (after ``since``), ``by_site`` the blocks alive then (:func:`live_by_site`)."""
+    """The peak of allocated MiB in the trace window, its time (epoch µs), the blocks by site."""
 
     mib: float
     time_us: Optional[int]
@@ -348,15 +326,9 @@ def _rounded(size: int) -> int:
 
 
 def peak_by_site(snap: MemSnapshot, since_s: float | None = None, device: int | None = None) -> Peak:
-    """The blocks alive at the peak of allocated bytes in the trace window (after ``since_s``,
-    epoch s), grouped by site: the trace replayed back from the dump's live blocks (an ``alloc``
-    undone, a ``free_completed`` brought back with its stack), then forward, summing live bytes
-    (the allocator's ``allocated_bytes``: :func:`_rounded` sizes) after each event.
-
-    Raises:
-        MemSnapshotError: the snapshot has no trace events for the device (naming the file), or
-            none after ``since_s``.
-    """
+    """The blocks alive at the peak of allocated bytes after ``since_s`` (epoch s), by site: the
+    trace replayed back from the live blocks, then forward. Raises MemSnapshotError (naming the
+    file): no trace events for the device, or none after ``since_s``."""
     dev = device if device is not None else (snap.segments[0].device if snap.segments else 0)
     events = snap.traces[dev] if dev < len(snap.traces) else []
     if not events:

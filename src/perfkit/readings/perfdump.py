@@ -1,7 +1,5 @@
-"""sglang's perf dump (``--perf-dump-path FILE``, one request a file; both layouts) and the
-before/after comparison sglang's ``compare_perf.py`` prints. Layouts, rules and where perfkit
-departs from compare_perf.py: docs/sglang.md, "Readers".
-"""
+"""sglang's perf dump (``--perf-dump-path FILE``, both layouts) and the before/after comparison
+sglang's ``compare_perf.py`` prints. Rules and departures: docs/sglang.md, "Readers"."""
 
 from __future__ import annotations
 
@@ -25,16 +23,14 @@ from perfkit.readings.records import (
     sum_by_name,
 )
 
-#: Keys every dump has (``dump_benchmark_report`` writes them unconditionally).
+#: keys every dump has (``dump_benchmark_report``)
 REQUIRED_KEYS = ("request_id", "total_duration_ms", "steps")
 
 
 @dataclass
 class PerfDump(PerfRecord):
-    """One perf dump, as written (ms, MiB), read as a record: ``stages`` (name, ms) from the dump's
-    ``steps``, ``steps`` its ``denoise_steps_ms`` ([] when absent), ``memory_snapshots`` its
-    ``memory_checkpoints``; ``denoise_steps`` and ``memory_checkpoints`` as written (None when
-    absent: the older layout), ``meta`` the dump's, ``path`` its file."""
+    """One perf dump read as a record (ms, MiB): ``stages`` from its ``steps``, ``steps`` its
+    ``denoise_steps_ms``; ``denoise_steps``, ``memory_checkpoints`` None in the older layout."""
 
     denoise_steps: list[float | None] | None = None
     memory_checkpoints: dict[str, dict[str, float | None]] | None = None
@@ -43,19 +39,15 @@ class PerfDump(PerfRecord):
 
     @property
     def layout(self) -> str:
-        """``"stages_only"`` (older sglang) or ``"with_denoise_steps"``."""
         return "stages_only" if self.denoise_steps is None else "with_denoise_steps"
 
 
-#: the keys newer layouts add, and their readers
 _OPTIONAL = {"denoise_steps_ms": read_step_list, "memory_checkpoints": read_memory_map}
 
 
 def perf_dump_from_dict(obj: Any) -> PerfDump:
-    """Read a parsed dump (either layout). Raises :class:`RecordError` naming the key of the
-    first value sglang would not write."""
+    """A parsed dump. Raises :class:`RecordError` naming the key sglang would not write so."""
     rid, stages = read_head(obj, "dump", REQUIRED_KEYS, "steps", "is missing (not an sglang perf dump?)")
-    # absent (older layout): None; present, as sglang writes it (null refused)
     opt = {k: read(obj[k], k) for k, read in _OPTIONAL.items() if k in obj}
     meta = obj.get("meta")
     if meta is not None and not isinstance(meta, dict):
@@ -91,9 +83,8 @@ def loads_perf_dump(text: str, source: str = "<string>") -> PerfDump:
 
 
 def read_perf_dump(path: str | Path) -> PerfDump:
-    """Read a perf dump file written by sglang's ``--perf-dump-path``. Raises FileNotFoundError,
-    or :class:`RecordError` (naming the file and key): not JSON (invalid UTF-8, nested too
-    deeply), over :data:`MAX_DUMP_BYTES`, or not a dump."""
+    """Read a perf dump file. Raises FileNotFoundError, or :class:`RecordError` naming the file and
+    key (not JSON, over :data:`MAX_DUMP_BYTES`, not a dump)."""
     p = Path(path)
     with open(p, "rb") as fh:
         raw = fh.read(MAX_DUMP_BYTES + 1)
@@ -105,37 +96,30 @@ def read_perf_dump(path: str | Path) -> PerfDump:
 
 
 def is_perf_dump(obj: Any) -> bool:
-    """Whether a parsed JSON object looks like a perf dump (``steps`` and ``total_duration_ms``),
-    not a performance.log record (``stages``) or a baseline file (``scenarios``)."""
+    """Whether parsed JSON looks like a perf dump, not a record (``stages``) or a baseline."""
     keys = obj.keys() if isinstance(obj, dict) else set()
     return {"total_duration_ms", "steps"} <= keys and not {"stages", "scenarios"} & keys
 
 
-# --- Before/after comparison of two dumps, as sglang's benchmarks/compare_perf.py prints it ---
-
-#: compare_perf.py: E2E "Slower"/"Faster" beyond +-2 %.
+#: compare_perf.py's thresholds: E2E beyond +-2 %; a stage beyond max(10 %, 120 ms)
+#: (``get_perf_status_emoji``); stage rows shown when |diff| > 0.5 ms or a side > 100 ms
 E2E_STATUS_PCT = 2.0
-#: compare_perf.py ``get_perf_status_emoji``: a stage is slower above max(base * 1.1, base + 120
-#: ms), faster below min(base * 0.9, base - 120 ms)
 STAGE_REL_TOL = 0.1
 STAGE_MIN_ABS_TOL_MS = 120.0
-#: compare_perf.py: stage rows shown when |diff| > 0.5 ms or either side > 100 ms.
 STAGE_SHOW_DIFF_MS = 0.5
 STAGE_SHOW_MS = 100.0
-#: compare_perf.py's name for the denoising steps summed into one row.
 DENOISING_LOOP = "Denoising Loop"
 
 
 @dataclass
 class DumpRow:
-    """One row of a dump comparison: ``status`` is ``slower``, ``faster``, ``similar`` or
-    ``not measured`` (a side is null or absent: shown as "–", never judged)."""
+    """``status``: ``slower``, ``faster``, ``similar`` or ``not measured`` (a side null or absent)."""
 
     name: str
     before: float | None
     after: float | None
     status: str
-    steps: tuple[int, int] | None = None  # (before, after) step counts of the loop row
+    steps: tuple[int, int] | None = None  # the loop row's step counts
 
     @property
     def diff(self) -> float | None:
@@ -149,8 +133,6 @@ class DumpRow:
 
 @dataclass
 class DumpComparison:
-    """The result of :func:`compare_dumps`."""
-
     before: PerfDump
     after: PerfDump
     e2e: DumpRow
@@ -158,7 +140,6 @@ class DumpComparison:
 
     @property
     def compared(self) -> int:
-        """How many rows had a number on both sides."""
         return sum(1 for r in (self.e2e, *self.stages) if r.diff is not None)
 
     @property
@@ -167,7 +148,7 @@ class DumpComparison:
 
     @property
     def verdict(self) -> str:
-        """``fail`` (a regression), ``pass``, or ``error`` (nothing comparable)."""
+        """``fail`` (a regression), ``pass``, or ``error`` (nothing compared)."""
         if self.compared == 0:
             return "error"
         return "fail" if self.regressions else "pass"
@@ -185,17 +166,14 @@ _STEP_NAME = re.compile(r"^denoising_step_(\d+)$")
 
 
 def _grouped(d: PerfDump) -> tuple[dict[str, float | None], Counter[str]]:
-    """Stage durations with the denoising steps summed into one ``Denoising Loop`` row
-    (compare_perf.py's ``consolidate_steps``) and the parts of each; a null part makes it None."""
+    """Stage ms, steps summed into one row (``consolidate_steps``), and the parts of each."""
     items = [(DENOISING_LOOP if _STEP_NAME.match(n) else n, ms) for n, ms in d.stages]
     items += [(DENOISING_LOOP, ms) for ms in d.denoise_steps or ()]
     return sum_by_name(items), Counter(n for n, _ in items)
 
 
 def compare_dumps(before: PerfDump, after: PerfDump) -> DumpComparison:
-    """Compare two perf dumps the way sglang's ``multimodal_gen/benchmarks/compare_perf.py``
-    does (the thresholds above), except that a missing or null value is "not measured" (shown as
-    "–", never judged) where compare_perf.py reads 0."""
+    """Compare as sglang's ``compare_perf.py`` does, but a missing value is "not measured", not 0."""
     e2e = DumpRow("E2E Latency", before.total_duration_ms, after.total_duration_ms, "not measured")
     if e2e.pct is not None:
         e2e.status = (

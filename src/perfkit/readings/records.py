@@ -1,7 +1,5 @@
-"""Per-request performance records in sglang's ``performance.log`` layout (one JSON object a
-line): :class:`PerfRecord`, streamed readers, and the strict value readers the perf dump shares.
-Layout, the reference engine's ``perfkit`` block and the reading rules: docs/sglang.md, "Readers".
-"""
+"""sglang's ``performance.log`` records (one JSON object a line): :class:`PerfRecord`, streamed
+readers, and the strict value readers the perf dump shares. Rules: docs/sglang.md, "Readers"."""
 
 from __future__ import annotations
 
@@ -20,24 +18,20 @@ log = logging.getLogger(__name__)
 
 #: sglang's memory snapshot checkpoints.
 SNAPSHOT_KEYS = ("load_peak", "warmup_peak", "runtime_peak")
-#: a stage entry's time key: in performance.log (``PerformanceLogger.log_request_summary``), in
-#: the perf dump (``dump_benchmark_report``; both ``multimodal_gen/runtime/utils/perf_logger.py``)
+#: a stage's time key: performance.log, perf dump (sglang ``runtime/utils/perf_logger.py``)
 STAGE_TIME_KEYS = ("execution_time_ms", "duration_ms")
 
 
 class RecordError(ValueError):
-    """A record that cannot be read as written; the message names the file and line (when known)
-    and the key, kept in :attr:`source`, :attr:`line` and :attr:`key`."""
+    """A record that cannot be read as written; the message names the file, line and key."""
 
     def __init__(self, key: str, problem: str, *, source: str | None = None, line: int | None = None) -> None:
         self.key, self.problem, self.source, self.line = key, problem, source, line
-        #: the request the refused line names, when it could still be read (else None)
         self.request_id: str | None = None
         where = (line and (f"{source}:{line}" if source else f"line {line}")) or source
         super().__init__(f"{where + ': ' if where else ''}key {key!r}: {problem}")
 
     def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
-        """The same error with the file and/or line filled in."""
         return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
@@ -46,23 +40,21 @@ MAX_READING = 1e9
 
 
 def json_int(digits: str) -> int | float:
-    """``json.loads``'s ``parse_int``: an int, or inf for 4,000+ digits (Python's 4,300-digit
-    limit would name no key; :func:`read_number` does)."""
+    """``parse_int`` for ``json.loads``: inf for 4,000+ digits, which :func:`read_number` refuses."""
     return int(digits) if len(digits) < 4000 else float("inf")
 
 
 def short_repr(v: Any) -> str:
-    """``repr(v)``, an integer of many digits as its first digits and its length."""
+    """``repr(v)``, a long one cut to its first digits and its length."""
     r = repr(v)
     return r if len(r) <= 40 else f"{r[:12]}… ({len(r)} digits)"
 
 
 def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
-    """``value`` as a float, exactly as written; ``None`` for JSON null (``nullable``). Raises
-    :class:`RecordError` naming ``key`` for anything else: strings, booleans, NaN, infinities,
-    negatives, values above :data:`MAX_READING`, lists, objects. Never returns a default."""
+    """``value`` as a float, exactly as written; None for null (``nullable``). Raises
+    :class:`RecordError` naming ``key`` for anything else (not a number, NaN, < 0, > MAX_READING)."""
     t = type(value)
-    if (t is float or t is int) and 0 <= value <= MAX_READING:  # the common case (NaN fails it)
+    if (t is float or t is int) and 0 <= value <= MAX_READING:
         return float(value)
     if value is None:
         if nullable:
@@ -72,16 +64,14 @@ def read_number(value: Any, key: str, *, nullable: bool = True) -> float | None:
         raise RecordError(key, f"{value!r} ({type(value).__name__}) is not a number")
     if isinstance(value, float) and not math.isfinite(value):
         raise RecordError(key, f"{value!r} is not a finite number")
-    if 0 <= value <= MAX_READING:  # a subclass of int or float (numpy's float64)
+    if 0 <= value <= MAX_READING:  # numpy's float64
         return float(value)
-    # an int of 400 digits would overflow float(): short_repr says what it is
     what = "is negative" if value < 0 else f"is above {MAX_READING:g} (no ms or MiB value is that large)"
     raise RecordError(key, f"{short_repr(value)} {what}")
 
 
 def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
-    """``obj[key]`` when it is a string or absent/null (None); anything else raises
-    :class:`RecordError` naming the key."""
+    """``obj[key]``, a string or None; else :class:`RecordError` naming the key."""
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
         raise RecordError(key, f"{v!r} ({type(v).__name__}) is not a string")
@@ -89,9 +79,7 @@ def read_optional_str(obj: dict[str, Any], key: str) -> str | None:
 
 
 def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, float | None]:
-    """One stage entry ``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None):
-    exactly one of :data:`STAGE_TIME_KEYS`, other keys (``is_denoising``) allowed. Raises
-    :class:`RecordError` naming the key."""
+    """``{"name", "execution_time_ms" | "duration_ms"}`` -> (name, ms or None); RecordError."""
     where = f"{group}[{index}]"
     if not isinstance(st, dict):
         raise RecordError(where, f"{st!r} is not an object with name and execution_time_ms")
@@ -118,9 +106,7 @@ def read_stage_entry(st: Any, index: int, group: str = "stages") -> tuple[str, f
 def read_head(
     obj: Any, what: str, keys: Sequence[str], stages_key: str, missing: str = "is missing"
 ) -> tuple[str, list[tuple[str, float | None]]]:
-    """(request_id, stages) of a record or perf dump: an object with every one of ``keys``, a
-    non-empty ``request_id`` and a list of stage entries under ``stages_key``. Raises
-    :class:`RecordError` naming the key (``<what>``: the object; ``missing``: a missing key's text)."""
+    """(request_id, stages) of a record or perf dump holding ``keys``; RecordError naming the key."""
     if not isinstance(obj, dict):
         raise RecordError(f"<{what}>", f"is {type(obj).__name__}, expected a JSON object")
     for key in keys:
@@ -135,15 +121,13 @@ def read_head(
 
 
 def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
-    """Denoising step times: numbers (``performance.log``) or ``{"step": i, "duration_ms": ms}``
-    objects (sglang's perf dump ``denoise_steps_ms``), ``step`` equal to the position.
-    Raises :class:`RecordError` naming the key."""
+    """Step ms: numbers, or ``{"step": i, "duration_ms": ms}`` (perf dump); RecordError."""
     if not isinstance(steps, list):
         raise RecordError(key, f"{steps!r} is not a list")
     out: list[float | None] = []
     for i, s in enumerate(steps):
         if isinstance(s, dict):
-            if type(s.get("step")) is not int or s["step"] != i:  # bool is no step index
+            if type(s.get("step")) is not int or s["step"] != i:
                 why = f"{s['step']!r} is not the step index {i}" if "step" in s else "is missing"
                 raise RecordError(f"{key}[{i}].step", why)
             if "duration_ms" not in s:
@@ -158,21 +142,12 @@ def read_step_list(steps: Any, key: str = "steps") -> list[float | None]:
     return out
 
 
-#: the reference engine's per-request numbers (``perfkit`` block): count keys, then ms/MiB keys
-PERFKIT_COUNT_KEYS = ("compiles",)
-PERFKIT_NUMBER_KEYS = ("compile_ms", "host_rss_mib", "host_anon_mib")
-
-
 def read_perfkit_block(pk: dict[str, Any]) -> None:
-    """Check the ``perfkit`` block where perfkit reads it: :data:`PERFKIT_COUNT_KEYS` whole
-    numbers >= 0, :data:`PERFKIT_NUMBER_KEYS` (:func:`read_number`), ``recompile_limit_hit`` a
-    bool, ``recompile_reasons`` strings, ``compile_phases_ms`` name -> ms; absent or null is "not
-    reported" (NA, never 0 or False). Raises :class:`RecordError` naming ``perfkit.<key>``."""
-    for key in PERFKIT_COUNT_KEYS:
-        v = read_number(pk.get(key), f"perfkit.{key}")
-        if v is not None and v != int(v):
-            raise RecordError(f"perfkit.{key}", f"{pk[key]!r} is not a whole number")
-    for key in PERFKIT_NUMBER_KEYS:
+    """Check the ``perfkit`` block's keys perfkit reads; RecordError naming ``perfkit.<key>``."""
+    n = read_number(pk.get("compiles"), "perfkit.compiles")
+    if n is not None and n != int(n):
+        raise RecordError("perfkit.compiles", f"{pk['compiles']!r} is not a whole number")
+    for key in ("compile_ms", "host_rss_mib", "host_anon_mib"):
         read_number(pk.get(key), f"perfkit.{key}")
     hit = pk.get("recompile_limit_hit")
     if hit is not None and not isinstance(hit, bool):
@@ -189,13 +164,11 @@ def read_perfkit_block(pk: dict[str, Any]) -> None:
         if not isinstance(phases, dict):
             raise RecordError("perfkit.compile_phases_ms", f"{phases!r} is not an object of name -> ms")
         for name, ms in phases.items():
-            # the engine leaves out a phase torch did not time: a null one is not a time either
             read_number(ms, f"perfkit.compile_phases_ms.{name}", nullable=False)
 
 
 def read_memory_map(obj: Any, key: str) -> dict[str, dict[str, float | None]]:
-    """checkpoint -> {allocated_mb, reserved_mb, peak_allocated_mb, peak_reserved_mb, ...} (MiB),
-    every value a number or null. Raises :class:`RecordError` naming the key."""
+    """checkpoint -> {key: MiB or None}. Raises :class:`RecordError` naming the key."""
     if not isinstance(obj, dict):
         raise RecordError(key, f"{obj!r} is not an object")
     out: dict[str, dict[str, float | None]] = {}
@@ -218,9 +191,8 @@ def sum_by_name(items: Iterable[tuple[str, float | None]]) -> dict[str, float | 
 
 @dataclass
 class PerfRecord:
-    """One request's record, fields as in docs/sglang.md (ms, MiB): ``stages`` (name, ms) in
-    order, ``perfkit`` the reference engine's extras ({} for other engines), ``raw`` the whole
-    parsed object, ``line_no`` its 1-based line (0 if built in memory)."""
+    """One request's record (ms, MiB; fields: docs/sglang.md): ``perfkit`` the reference engine's
+    extras ({} for sglang), ``raw`` the parsed object, ``line_no`` 1-based (0: built in memory)."""
 
     request_id: str
     timestamp: str | None = None
@@ -236,7 +208,6 @@ class PerfRecord:
 
     @property
     def is_warmup(self) -> bool:
-        """True for startup warmup runs (tag ``warmup``)."""
         return (self.tag or "").lower() == "warmup"
 
     def stage_ms(self) -> dict[str, float | None]:
@@ -244,17 +215,14 @@ class PerfRecord:
         return sum_by_name(self.stages)
 
     def peak_mb(self, checkpoint: str = "runtime_peak", key: str = "peak_reserved_mb") -> float | None:
-        """A memory snapshot value in MiB, or None when the engine did not write it."""
+        """A memory snapshot value (MiB), or None when not written."""
         val = (self.memory_snapshots.get(checkpoint) or {}).get(key)
         return float(val) if val is not None else None
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any], line_no: int = 0) -> "PerfRecord":
-        """Build from a parsed ``performance.log`` object (sglang's ``RequestPerfRecord``):
-        ``request_id``, ``stages``, ``steps`` and ``total_duration_ms`` must be there, any time may
-        be null (None), ``memory_snapshots`` may be absent (older sglang). Raises
-        :class:`RecordError` naming the key (and ``line_no``) of the first value sglang would not
-        write."""
+        """From a parsed line (sglang's ``RequestPerfRecord``). Raises :class:`RecordError` naming
+        the key (and ``line_no``) of the first value sglang would not write."""
         try:
             rid, stages = read_head(
                 obj, "record", ("request_id", "stages", "steps", "total_duration_ms"), "stages"
@@ -286,8 +254,7 @@ class PerfRecord:
 
 @dataclass
 class ParseReport:
-    """Records read, the lines skipped (line number, reason) and ``rejected``: request id -> reason
-    of each refused line that still names its request (the caller marks it failed)."""
+    """Records, skipped lines (line number, reason), ``rejected``: request id -> reason."""
 
     records: list[PerfRecord]
     skipped: list[tuple[int, str]]
@@ -299,8 +266,6 @@ REFUSED = "performance.log record refused"
 
 
 def _request_id_of(text: str) -> str | None:
-    """The ``request_id`` of a line that failed to read, when it is still a JSON object with a
-    string id (NaN/Infinity literals allowed); None otherwise."""
     try:
         obj = json.loads(text, parse_int=json_int)
     except (ValueError, RecursionError):
@@ -310,24 +275,17 @@ def _request_id_of(text: str) -> str | None:
 
 
 def load_json(text: str, what: str, bad_json: str, source: str | None = None) -> Any:
-    """``text`` parsed (:func:`json_int`; a key given twice refused). Raises :class:`RecordError`
-    (key ``<json>``, naming ``source``): ``bad_json`` formatted with the decoder's ``msg``,
-    ``lineno`` and ``colno``, "nested too deeply to be ``what``", or the duplicate key."""
+    """``text`` parsed (a key given twice refused). Raises :class:`RecordError` (key ``<json>``,
+    naming ``source``; ``bad_json`` formatted with ``msg``, ``lineno``, ``colno``)."""
     try:
         return json.loads(text, parse_int=json_int, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         problem = bad_json.format(msg=exc.msg, lineno=exc.lineno, colno=exc.colno)
     except RecursionError:
         problem = f"nested too deeply to be {what}"
-    except ValueError as exc:  # a key given twice: which value did the engine mean?
+    except ValueError as exc:  # a key given twice
         problem = str(exc)
     raise RecordError("<json>", problem, source=source)
-
-
-def _read_line(text: str, i: int) -> PerfRecord:
-    """One stripped, non-empty line -> record; :class:`RecordError` (no file yet) otherwise."""
-    obj = load_json(text, "a performance.log record", "not a whole JSON object ({msg} at column {colno})")
-    return PerfRecord.from_dict(obj, line_no=i)
 
 
 def iter_lines_report(
@@ -338,10 +296,8 @@ def iter_lines_report(
     partial_last: bool = True,
     keep_raw: bool = True,
 ) -> Iterator[PerfRecord | RecordError]:
-    """Read performance.log lines one at a time: a :class:`PerfRecord` each, or a
-    :class:`RecordError` naming ``source``, the line and the key (``request_id`` set when the line
-    still names its request; ``strict``: raised). Bytes are decoded strictly. ``partial_last``:
-    an unterminated unparsable last line is skipped. ``keep_raw=False``: ``raw``, ``perfkit`` {}."""
+    """A :class:`PerfRecord` or a :class:`RecordError` (file, line, key; ``strict``: raised) per
+    line. ``partial_last``: an unterminated unparsable last line is skipped."""
     pending: tuple[int, str | bytes] | None = None
     for i, line in enumerate(lines, start=1):
         if pending is not None:
@@ -357,12 +313,14 @@ def _one(
     unterminated = not line.endswith(b"\n" if isinstance(line, bytes) else "\n")
     try:
         text = (decode_text(line, "") if isinstance(line, bytes) else line).strip()
-        rec = _read_line(text, i) if text else None
+        bad = "not a whole JSON object ({msg} at column {colno})"
+        obj = load_json(text, "a performance.log record", bad) if text else None
+        rec = PerfRecord.from_dict(obj, line_no=i) if text else None
     except RecordError as exc:
         if last and unterminated and exc.key == "<json>":
             return
         err = exc.located(source=source, line=i)
-        if exc.key == "<utf-8>":  # never read with replacement characters
+        if exc.key == "<utf-8>":
             err.request_id = _request_id_of(line.decode("utf-8", errors="replace"))
         elif exc.key != "<json>":
             err.request_id = _request_id_of(text)
@@ -399,8 +357,7 @@ def parse_lines(
 
 
 def decode_text(raw: bytes, source: str) -> str:
-    """``raw`` decoded as UTF-8, strictly. Raises :class:`RecordError` (key ``<utf-8>``) naming
-    ``source``, the line and the byte of the first invalid sequence."""
+    """``raw`` decoded as UTF-8, strictly; RecordError ``<utf-8>`` naming the file, line and byte."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -431,8 +388,7 @@ def _binary_lines(p: Path) -> Iterator[bytes]:
 def iter_perf_log(
     path: str | Path, *, strict: bool = False, keep_raw: bool = True, partial_last: bool = True
 ) -> Iterator[PerfRecord | RecordError]:
-    """:func:`iter_lines_report` of a ``performance.log`` (or a directory holding one), a line at
-    a time; a missing file yields nothing."""
+    """:func:`iter_lines_report` of a ``performance.log`` (or its directory); missing: nothing."""
     p = Path(path)
     if p.is_dir():
         p = p / PERF_LOG_NAME
@@ -444,13 +400,11 @@ def iter_perf_log(
 
 
 def read_perf_log(path: str | Path, *, strict: bool = False) -> ParseReport:
-    """Read a ``performance.log`` file (or a directory holding one), streamed; a missing file
-    gives an empty report. Malformed lines are logged and skipped (``strict``: raised)."""
+    """:func:`iter_perf_log` collected; malformed lines logged and skipped (``strict``: raised)."""
     return _collect(iter_perf_log(path, strict=strict))
 
 
 def lookup(path: str | Path, request_id: str) -> PerfRecord | RecordError | None:
-    """The last line naming ``request_id``: its record, or the :class:`RecordError` that refused
-    it (file:line and key); None when no line names it yet."""
+    """The last line naming ``request_id``: its record or its :class:`RecordError`; else None."""
     found = [it for it in iter_perf_log(path) if it.request_id == request_id]
     return found[-1] if found else None

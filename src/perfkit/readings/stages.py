@@ -1,6 +1,5 @@
-"""Stage classes: which pipeline stage is denoising, refinement, decoding or something else
-(:func:`stage_class`; the substring rules and their sources: docs/sglang.md, "Readers").
-"""
+"""Stage classes (:func:`stage_class`: denoising, refinement, decoding, other) and pipeline order;
+the substring rules and their sources: docs/sglang.md, "Readers"."""
 
 from __future__ import annotations
 
@@ -11,9 +10,7 @@ REFINEMENT = "refinement"
 DECODING = "decoding"
 OTHER = "other"
 
-#: Pipeline order used by plots: the reference engine's stages interleaved with sglang's
-#: (generic stages, then the LTX-2 one- and two-stage pipelines). Stages not listed are drawn
-#: after these, in order of appearance.
+#: pipeline order for plots: the reference engine's stages interleaved with sglang's (LTX-2 too)
 PIPELINE_ORDER = tuple(
     (
         "InputValidationStage TextEncodingStage LTX2TextConnectorStage LTX2DurationStage "
@@ -25,8 +22,7 @@ PIPELINE_ORDER = tuple(
     ).split()
 )
 
-#: Every stage name the reference engine and sglang 0.5.23 write (``ab`` suggests from these);
-#: :func:`stage_class` classes each of them by its substring rules.
+#: every stage name the reference engine and sglang 0.5.23 write (``ab`` suggests from these)
 KNOWN_STAGES = (*PIPELINE_ORDER, "DmdDenoisingStage", "CausalDMDDenoisingStage", "CausalVaeDecodingStage")
 
 #: stage class -> the baseline gate's class (``perfkit.gate.baseline.classify_stage``).
@@ -48,14 +44,12 @@ def stage_class(name: str) -> str:
 
 
 def baseline_class(name: str) -> str:
-    """The baseline gate's class: ``denoise`` (denoising and refinement), ``decoding`` or
-    ``non_denoise``."""
+    """The baseline gate's class: ``denoise`` (with refinement), ``decoding`` or ``non_denoise``."""
     return BASELINE_CLASS[stage_class(name)]
 
 
 def order_stages(names: Iterable[str]) -> list[str]:
-    """Distinct names in :data:`PIPELINE_ORDER`; unlisted ones after them in order of
-    appearance."""
+    """Distinct names in :data:`PIPELINE_ORDER`, unlisted ones after them as they appear."""
     seen = list(dict.fromkeys(str(n) for n in names))
     rank = {s: i for i, s in enumerate(PIPELINE_ORDER)}
     known = sorted((s for s in seen if s in rank), key=rank.__getitem__)

@@ -1,10 +1,6 @@
-"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables, and
-several traces read at once in a process pool (:func:`read_many`).
-
-The two layouts read (sglang 0.5.23's ``STAGE <name>`` and ``ProfilerStep#k`` ranges, perfkit's
-older one), what an op and a top-level op are, why not HTA, and the pool's threshold: see
-docs/below-the-stage.md, "Analysis".
-"""
+"""Profiler traces (torch.profiler Chrome traces, sglang's per-request files) as op tables, several
+read at once in a process pool (:func:`read_many`). Layouts, what an op is, the pool's threshold:
+docs/below-the-stage.md, "Analysis"."""
 
 from __future__ import annotations
 
@@ -31,24 +27,19 @@ STEP_RANGE = re.compile(r"^denoising_step_(\d+)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 #: sglang's stage range (``pipeline_executor.py``: ``maybe_record_function(f"STAGE {name}")``)
 STAGE_RANGE = re.compile(r"^STAGE (.+)$")
-#: registered stage name -> the class performance.log names, for the names sglang 0.5.23's
-#: standard helpers register (``composed_pipeline_base.py``); others are kept as written
+#: registered stage name -> performance.log's class name (sglang ``composed_pipeline_base.py``)
 REGISTERED_STAGES = {"denoising_stage": "DenoisingStage", "decoding_stage": "DecodingStage"}
-#: the denoising stage's name when nothing else says it (performance.log's class name)
 DENOISING = "DenoisingStage"
-#: the first recorded ProfilerStep of an ``N_steps`` trace: the step sglang adds to ``active``
+#: the ProfilerStep sglang adds to ``active`` in an ``N_steps`` trace
 WARMUP_PROFILER_STEP = 1
 #: torch.compile's wrappers around a compiled graph: seen through, not ops
 COMPILE_WRAPPER = re.compile(r"^(Torch-Compiled Region|## Call CompiledFxGraph|CompiledFunction$)")
-#: columns of :func:`op_events`
+#: columns of :func:`op_events`, :func:`step_ranges`, :func:`op_table`, :func:`op_diff`
 EVENT_COLUMNS = ["op", "cat", "tid", "ts_us", "dur_ms", "stage", "step", "warmup_step", "top"]
-#: columns of :func:`step_ranges`
 STEP_COLUMNS = ["step", "name", "ts_us", "dur_ms", "warmup_step", "tail"]
-#: columns of :func:`op_table` (``stage`` first when grouped by stage)
 OP_COLUMNS = ["op", "count", "total_ms", "mean_ms", "share"]
-#: columns of :func:`op_diff`
 DIFF_COLUMNS = ["op", "count_a", "count_b", "ms_a", "ms_b", "delta_ms", "delta_share"]
-#: (pid, tid) -> its top-level ``cpu_op`` and ``user_annotation`` ops' (start, end), µs
+#: (pid, tid) -> its top-level CPU ops' (start, end), µs
 _Tops = dict[tuple[Any, Any], list[tuple[float, float]]]
 
 
@@ -57,19 +48,16 @@ MAX_DUR_US = 86_400e6
 
 
 class TraceError(ValueError):
-    """A trace file that cannot be read (the message names the file and what was wrong)."""
+    """A trace file that cannot be read (naming the file and what was wrong)."""
 
 
-#: the most JSON one trace file may hold, uncompressed (bytes): read no further, refused before
-#: parsing (the committed traces hold up to 37 MB; a gzip of spaces must not fill the memory)
+#: the most JSON (bytes, uncompressed) one trace may hold: refused before parsing
 MAX_TRACE_BYTES = 512 * 2**20
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
-    """The trace's JSON object (``traceEvents`` and torch's metadata). Raises TraceError: missing
-    file, not gzip/JSON (or nested too deeply), over :data:`MAX_TRACE_BYTES` uncompressed, no
-    ``traceEvents`` list, or a complete event :func:`_check_event` refuses (naming the file, the
-    event's index and name, and the key)."""
+    """The trace's JSON object. Raises TraceError naming the file (and the event and key): missing,
+    not gzip/JSON, over :data:`MAX_TRACE_BYTES`, no ``traceEvents`` list, or a bad event."""
     p = Path(path)
     try:
         with open(p, "rb") as fh:
@@ -83,7 +71,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         doc = json.loads(raw)
     except TraceError:
         raise
-    except (OSError, EOFError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+    except (OSError, EOFError, ValueError, RecursionError) as exc:
         raise TraceError(f"{p}: not a readable Chrome trace: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{p}: no traceEvents list (not a torch.profiler Chrome trace)")
@@ -94,9 +82,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 
 def _check_event(e: dict[str, Any], where: str) -> None:
-    """Check what the tables read of a complete event: ``name`` a string, ``ts`` finite, ``dur``
-    from 0 to :data:`MAX_DUR_US`, ``args`` an object (or absent) with an int or string
-    ``correlation`` (or none). Raises TraceError ``where: key ...``."""
+    """Check the keys the tables read of a complete event; TraceError ``where: key ...``."""
     if not isinstance(e.get("name"), str):
         raise TraceError(f"{where}: name {e.get('name')!r} is not a string")
     for key in ("ts", "dur"):
@@ -114,8 +100,7 @@ def _check_event(e: dict[str, Any], where: str) -> None:
 
 
 def is_stage(name: str) -> bool:
-    """A stage range: sglang's ``STAGE <name>``, or perfkit's older layout's class name (a name
-    ending in ``Stage``)."""
+    """A stage range: sglang's ``STAGE <name>``, or the older layout's ``...Stage``."""
     return name.startswith("STAGE ") or name.endswith("Stage")
 
 
@@ -139,9 +124,7 @@ def _threads(evs: list[dict[str, Any]], cats: tuple[str, ...]) -> dict[tuple[Any
 
 
 def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> dict[str, str]:
-    """Stage range name -> the stage's name in tables: ``STAGE <x>`` ranges take the i-th of
-    ``stages`` (performance.log's names) when there are as many (a full_stages trace records each
-    stage once, in order), else :data:`REGISTERED_STAGES` or ``<x>``; older ranges as written."""
+    """Stage range name -> table name (the i-th of ``stages`` when there are as many ranges)."""
     evs = sorted(
         (e for e in _complete(trace) if e.get("cat") == "user_annotation"), key=lambda e: float(e["ts"])
     )
@@ -158,17 +141,13 @@ def stage_names(trace: dict[str, Any], stages: Sequence[str] | None = None) -> d
 
 
 def _denoising_name(names: dict[str, str], stages: Sequence[str] | None) -> str:
-    """The denoising stage's name: what ``STAGE denoising_stage`` maps to, else the first of
-    ``stages`` with "Denoising" in it, else :data:`DENOISING`."""
     if "STAGE denoising_stage" in names:
         return names["STAGE denoising_stage"]
     return next((s for s in stages or () if "denoising" in s.lower()), DENOISING)
 
 
 def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
-    """The trace's denoising-step ranges (:data:`STEP_COLUMNS`), in order: ``denoising_step_{i}``
-    (step ``i``), else ``ProfilerStep#k`` (step ``k``; ``#1`` is ``warmup_step``; ``tail`` when a
-    ``STAGE`` range starts in it: the steps ran out). Empty in a full_stages trace."""
+    """Denoising-step ranges (:data:`STEP_COLUMNS`) in order; empty in a full_stages trace."""
     ann = [e for e in _complete(trace) if e.get("cat") == "user_annotation"]
     old = [e for e in ann if STEP_RANGE.match(str(e.get("name", "")))]
     stage_starts = [float(e["ts"]) for e in ann if STAGE_RANGE.match(str(e.get("name", "")))]
@@ -185,20 +164,15 @@ def step_ranges(trace: dict[str, Any]) -> pd.DataFrame:
 
 
 def op_events(trace: dict[str, Any], stages: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per op (:data:`EVENT_COLUMNS`; ``ts_us`` on the trace clock): ``stage`` the
-    innermost enclosing stage range on its thread (in a step range alone the denoising stage;
-    else ``"(none)"``), ``step`` the enclosing step's index (-1 outside, or in another stage's
-    range inside a trailing ProfilerStep), ``top``: no other op encloses it. Kernels take stage
-    and step from their launch (same ``correlation``), ``top`` True."""
-    evs = _complete(trace)
-    return _op_events(evs, stage_names(trace, stages), stages)[0]
+    """One row per op (:data:`EVENT_COLUMNS`): its innermost stage (``"(none)"``) and step (-1)
+    on its thread, ``top`` when no op encloses it; kernels take their launch's stage and step."""
+    return _op_events(_complete(trace), stage_names(trace, stages), stages)[0]
 
 
 def _op_events(
     evs: list[dict[str, Any]], names: dict[str, str], stages: Sequence[str] | None
 ) -> tuple[pd.DataFrame, _Tops]:
-    """:func:`op_events`' frame of ``evs`` (stage ranges named by ``names``) and its top-level
-    CPU ops per thread, the op time of :func:`overhead_table`."""
+    """:func:`op_events`' frame and the top-level CPU ops per thread."""
     denoising = _denoising_name(names, stages)
     # sglang's layout: ProfilerStep#k is step k; the older one's ProfilerSteps are not steps
     old = any(e.get("cat") == "user_annotation" and STEP_RANGE.match(str(e.get("name", ""))) for e in evs)
@@ -248,8 +222,7 @@ def _op_events(
 
 
 def op_table(events: pd.DataFrame, *, kernels: bool = False, by_stage: bool = False) -> pd.DataFrame:
-    """Wall time by op (:data:`OP_COLUMNS`, ``share`` of the table's sum; ``stage`` first and
-    per stage with ``by_stage``), largest first: top-level CPU ops, or kernels with ``kernels``."""
+    """Wall time by top-level CPU op or kernel (:data:`OP_COLUMNS`; per stage), largest first."""
     sel = (
         events[events["cat"] == "kernel"] if kernels else events[(events["cat"] != "kernel") & events["top"]]
     )
@@ -271,8 +244,7 @@ def stage_top_ops(events: pd.DataFrame, n: int = 5) -> pd.DataFrame:
 
 
 def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.DataFrame:
-    """:func:`op_table` of several traces of alike requests: ``count`` and ``total_ms`` the
-    median over them (0 where an op is absent), ``share`` of the summed medians."""
+    """:func:`op_table` of several traces, ``count`` and ``total_ms`` the median (absent: 0)."""
     tables = [op_table(t, kernels=kernels).set_index("op") for t in traces]
     ops = list(dict.fromkeys(o for t in tables for o in t.index))
     if not ops:
@@ -288,9 +260,8 @@ def median_op_table(traces: list[pd.DataFrame], *, kernels: bool = False) -> pd.
 def op_diff(
     a: pd.DataFrame | list[pd.DataFrame], b: pd.DataFrame | list[pd.DataFrame], *, kernels: bool = False
 ) -> pd.DataFrame:
-    """What changed from trace ``a`` to ``b`` (:data:`DIFF_COLUMNS`; ``delta_ms`` = b − a,
-    ``delta_share`` = |delta| / Σ|delta|), one row per op, largest |delta| first. A side is an
-    :func:`op_events` frame or a list of them (:func:`median_op_table`)."""
+    """Per op, from ``a`` to ``b`` (:data:`DIFF_COLUMNS`; ``delta_ms`` = b − a), largest |delta|
+    first. A side is an :func:`op_events` frame or a list of them (:func:`median_op_table`)."""
 
     def table(x: pd.DataFrame | list[pd.DataFrame]) -> pd.DataFrame:
         return (median_op_table if isinstance(x, list) else op_table)(x, kernels=kernels).set_index("op")
@@ -307,16 +278,12 @@ def op_diff(
     return out[DIFF_COLUMNS].reset_index(drop=True)
 
 
-#: columns of :func:`overhead_table`
 OVERHEAD_COLUMNS = (
     "rank stage window_ms op_ms cpu_overhead_ms cpu_overhead_share launch_ms kernels device_busy_ms "
     "device_idle_share"
 ).split()
-#: device activity: kernels, and the copies and sets a GPU runs
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-#: the rank in sglang's trace file names (``{request_id}-{mode}-global-rank{rank}.trace.json.gz``)
 RANK_IN_NAME = re.compile(r"-global-rank(\d+)\.trace\.json(\.gz)?$")
-#: what the device columns say on a trace without device activity
 NO_DEVICE = "not available on cpu (no device kernels)"
 
 
@@ -338,18 +305,19 @@ def _union_ms(intervals: list[tuple[float, float]], lo: float, hi: float) -> flo
 def overhead_table(
     trace: dict[str, Any], rank: int | None = None, stages: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """CPU-side overhead and device idle share per stage of one trace (:data:`OVERHEAD_COLUMNS`,
-    ms on the trace's clock; the definitions: docs/below-the-stage.md, "Overhead and idle share").
+    """CPU overhead and device idle share (ms) per stage, then ``(all stages)``
+    (:data:`OVERHEAD_COLUMNS`; docs/below-the-stage.md, "Overhead and idle share"). Without
+    device events the device columns are NaN. Empty without a stage or step range."""
+    return _tables(trace, stages, rank)[1]
 
-    Stage windows are named by :func:`stage_names` with ``stages``. One row per stage in the
-    order the stages ran, then ``(all stages)``: sums of windows and busy times, shares of the
-    summed window. Without device events (a CPU run) ``launch_ms``, ``device_busy_ms`` and
-    ``device_idle_share`` are NaN and ``kernels`` 0: never an idle share of 0 or 1. ``rank``: as
-    given (:func:`rank_of`), else NaN. Empty when the trace has no stage or step range.
-    """
+
+def _tables(
+    trace: dict[str, Any], stages: Sequence[str] | None, rank: int | None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     evs = _complete(trace)
     names = stage_names(trace, stages)
-    return _overhead(trace, evs, names, _op_events(evs, names, stages)[1], rank, stages)
+    events, tops = _op_events(evs, names, stages)
+    return events, _overhead(trace, evs, names, tops, rank, stages)
 
 
 def _overhead(
@@ -360,9 +328,6 @@ def _overhead(
     rank: int | None,
     stages: Sequence[str] | None,
 ) -> pd.DataFrame:
-    """:func:`overhead_table` of ``trace`` from its complete events, stage names and top-level
-    ops (:func:`_op_events`)."""
-
     def iv(e: dict[str, Any]) -> tuple[float, float]:
         return float(e["ts"]), float(e["ts"]) + float(e["dur"])
 
@@ -415,8 +380,7 @@ def _overhead(
 
 
 def overhead_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`overhead_table` for display: :data:`NO_DEVICE` for NaN device columns, the rank
-    column only when known."""
+    """:func:`overhead_table` for display: :data:`NO_DEVICE` for NaN device columns."""
     t = table.copy().astype({"launch_ms": object, "device_busy_ms": object, "device_idle_share": object})
     for c in ("launch_ms", "device_busy_ms", "device_idle_share"):
         t[c] = [NO_DEVICE if pd.isna(v) else v for v in table[c]]
@@ -425,15 +389,13 @@ def overhead_frame(table: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-#: gzip bytes of a set of traces from which they are read in parallel: about a second of
-#: parsing, more than a worker's start (its pandas import) costs
+#: gzip bytes of a set of traces from which they are read in parallel
 PARALLEL_MIN_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
 class TraceTables:
-    """One trace file's ``events`` (:func:`op_events`) and ``overhead`` (:func:`overhead_table`),
-    or ``error`` (file and why) and both None."""
+    """One trace's :func:`op_events` and :func:`overhead_table`, or ``error`` and both None."""
 
     events: pd.DataFrame | None
     overhead: pd.DataFrame | None
@@ -441,17 +403,12 @@ class TraceTables:
 
 
 def read_one(path: str | Path, stages: list[str] | None = None) -> TraceTables:
-    """Read the trace at ``path`` (the rank from its file name; ``stages``: the request's
-    performance.log stage names, :func:`stage_names`). A :class:`TraceError` becomes ``error``;
-    nothing else is caught."""
+    """Read the trace at ``path`` (rank from its name); a :class:`TraceError` becomes ``error``."""
     try:
         doc = load_trace(path)
     except TraceError as exc:
         return TraceTables(None, None, str(exc))
-    evs = _complete(doc)
-    names = stage_names(doc, stages)
-    events, tops = _op_events(evs, names, stages)
-    return TraceTables(events, _overhead(doc, evs, names, tops, rank_of(Path(path).name), stages))
+    return TraceTables(*_tables(doc, stages, rank_of(path)))
 
 
 def _cores() -> int:
@@ -459,10 +416,8 @@ def _cores() -> int:
 
 
 def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -> list[TraceTables]:
-    """:func:`read_one` of each of ``paths`` (with ``stages[i]``), in order. Two or more files
-    adding up to :data:`PARALLEL_MIN_BYTES` on two or more cores are read in a ``forkserver``
-    process pool (this module preloaded); else, or when the pool cannot start, in this process.
-    A missing file is an ``error``, as when read alone."""
+    """:func:`read_one` of each of ``paths`` (with ``stages[i]``), in order; in a process pool from
+    :data:`PARALLEL_MIN_BYTES` on two or more cores, else (or when it fails) here."""
     size = sum(p.stat().st_size for p in paths if p.is_file())
     workers = min(len(paths), _cores())
     names = list(stages) if stages is not None else [None] * len(paths)
@@ -474,6 +429,6 @@ def read_many(paths: list[Path], stages: list[list[str] | None] | None = None) -
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             return list(pool.map(read_one, paths, names))
-    except (BrokenProcessPool, OSError) as exc:  # no worker could start or one died: read here
+    except (BrokenProcessPool, OSError) as exc:
         log.warning("reading %d traces in parallel failed (%s): reading them one by one", len(paths), exc)
         return [read_one(p, s) for p, s in zip(paths, names)]

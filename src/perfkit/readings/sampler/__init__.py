@@ -1,7 +1,5 @@
-"""Memory timeline sampler (:class:`MemorySampler`, its columns :data:`COLUMNS`) of an engine's
-device memory (NVML, :mod:`~perfkit.readings.sampler.nvml`: tests pass a fake) and host memory
-(/proc, cgroup). The columns and the device sources: docs/sglang.md, "Readers".
-"""
+"""Memory timeline sampler (:class:`MemorySampler`, columns :data:`COLUMNS`) of an engine's device
+(NVML, :mod:`~perfkit.readings.sampler.nvml`) and host memory. Columns: docs/sglang.md, "Readers"."""
 
 from __future__ import annotations
 
@@ -28,7 +26,6 @@ COLUMNS = tuple(
         "gpu_util_pct sm_clock_mhz power_w clock_event_reasons device_source"
     ).split()
 )
-#: numeric columns (all but ``device_source``)
 NUMERIC = tuple(c for c in COLUMNS if c != "device_source")
 #: how often the engine's process tree is re-scanned (s)
 TREE_REFRESH_S = 1.0
@@ -36,16 +33,15 @@ TREE_REFRESH_S = 1.0
 IMPLAUSIBLE_GROWTH_MIB = 256.0
 
 
-#: the environment variable that turns the sampler's PSS reads off (unset or empty: on)
+#: turns the sampler's PSS reads off (unset or empty: on)
 PSS_ENV = "PERFKIT_SAMPLER_PSS"
 _PSS_ON = ("1", "true", "yes", "on")
 _PSS_OFF = ("0", "false", "no", "off")
 
 
 def pss_enabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether the sampler reads host PSS, from :data:`PSS_ENV` in ``environ`` (default
-    ``os.environ``). Raises ValueError for a value it does not take (naming the variable and
-    what it accepts): a typo must not silently leave PSS on (or off)."""
+    """Whether the sampler reads host PSS (:data:`PSS_ENV` in ``environ``, default ``os.environ``).
+    Raises ValueError naming the variable for a value it does not take."""
     raw = (os.environ if environ is None else environ).get(PSS_ENV)
     v = (raw or "").strip().lower()
     if v in ("", *_PSS_ON):
@@ -59,26 +55,10 @@ def pss_enabled(environ: dict[str, str] | None = None) -> bool:
 
 
 class MemorySampler:
-    """Background memory sampler of an engine process tree.
-
-    Args:
-        pid: root process of the engine.
-        interval_s: sampling interval (s).
-        gpu_index: NVML device index, or several (summed; utilisation is their mean).
-        baseline_device_mib: device used memory (MiB) read before the launch, for the
-            ``nvml-device-delta`` fallback and the "device grew" check (None/NaN: neither).
-        cgroup_path: the engine's own cgroup v2 directory (``cgroup_current_mib``; None: none).
-        nvml, reader: NVML access and host memory reader (defaults: :class:`PynvmlSource`, this
-            host's).
-        pss_duty: the largest fraction of wall time spent reading ``smaps_rollup``
-            (:class:`~perfkit.readings.memory.ReadBudget`); the samples between read ``statm``.
-
-    A context manager (or :meth:`start`/:meth:`stop`); :meth:`to_frame`: the samples.
-
-    Raises:
-        ValueError: interval_s <= 0, pss_duty not a number in (0, 1] (NaN, inf, a string, a
-            bool), or ``PERFKIT_SAMPLER_PSS`` set to a value :func:`pss_enabled` does not know.
-    """
+    """Background memory sampler of the engine tree rooted at ``pid`` (a context manager).
+    ``gpu_index``: one or several (summed); ``baseline_device_mib``: the device's used MiB before
+    launch (the ``nvml-device-delta`` fallback); ``pss_duty``: see ``ReadBudget``. Raises
+    ValueError: ``interval_s`` <= 0, ``pss_duty`` not in (0, 1], or a bad :data:`PSS_ENV`."""
 
     def __init__(
         self,
@@ -96,7 +76,6 @@ class MemorySampler:
         if isinstance(pss_duty, bool) or not isinstance(pss_duty, (int, float)) or not 0 < pss_duty <= 1:
             raise ValueError(f"MemorySampler.pss_duty must be a number in (0, 1], got {pss_duty!r}")
         self.pss_duty = float(pss_duty)
-        #: smaps_rollup tree reads so far, and the seconds they took
         self.pss_reads = 0
         self.pss_read_s = 0.0
         self._pss_budget = ReadBudget(self.pss_duty)
@@ -107,7 +86,6 @@ class MemorySampler:
         self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
         self.nvml: NvmlSource = nvml if nvml is not None else PynvmlSource()
         self.reader = reader or _DEFAULT_READER
-        #: source of the last sample's device figure (``nvml-process``, ``nvml-device-delta`` or ``none``)
         self.device_source = "none"
         self.cpu_seconds = 0.0
         self.t_started: float | None = None
@@ -116,7 +94,7 @@ class MemorySampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._first = threading.Event()  # set once the thread's first sample was taken (or tried)
+        self._first = threading.Event()  # the first sample was taken (or tried)
         self._nvml_ok = False
         self._warned_implausible = False
         self._pss = pss_enabled()
@@ -127,13 +105,11 @@ class MemorySampler:
 
     @property
     def device_mode(self) -> str:
-        """``process``, ``device`` or ``none`` (the last sample's source, older names)."""
+        """The last sample's source: ``process``, ``device`` or ``none``."""
         return {"nvml-process": "process", "nvml-device-delta": "device"}.get(self.device_source, "none")
 
     def start(self) -> "MemorySampler":
-        """Open NVML (when there) and start the sampling thread; returns once its first sample was
-        taken (or tried), so a request sent next lies inside the timeline. Raises RuntimeError
-        when already started."""
+        """Start sampling; returns after the first sample. RuntimeError when already started."""
         if self._thread is not None:
             raise RuntimeError("MemorySampler already started")
         self._nvml_ok = bool(self.nvml.open(self.gpu_indices))
@@ -146,7 +122,6 @@ class MemorySampler:
         return self
 
     def stop(self) -> "MemorySampler":
-        """Stop the thread and release NVML."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(max(2.0, 5 * self.interval_s))
@@ -193,7 +168,7 @@ class MemorySampler:
                 self.cpu_seconds = time.thread_time() - c0
                 next_t += self.interval_s
                 delay = next_t - time.monotonic()
-                if delay < 0:  # fell behind: do not burst
+                if delay < 0:  # fell behind: no burst
                     next_t = time.monotonic()
                     delay = 0
                 self._stop.wait(delay)
@@ -243,8 +218,7 @@ class MemorySampler:
             return NAN  # the cgroup is removed at teardown
 
     def _device(self) -> tuple[float, float, str]:
-        """(device MiB, utilisation %, source); the clocks of the same reading go to
-        ``self._clocks`` (SM MHz: the slowest device; W: summed; reasons: OR of the devices)."""
+        """(device MiB, utilisation %, source); sets ``self._clocks`` (slowest, summed W, OR)."""
         self._clocks = (NAN, NAN, None)
         if not self._nvml_ok:
             return NAN, NAN, "none"
@@ -261,7 +235,7 @@ class MemorySampler:
         util = sum(utils) / len(utils) if utils else NAN
         clocks = [d.sm_clock_mhz for d in devs]
         reasons = [d.clock_event_reasons for d in devs]
-        self._clocks = (  # a NaN part makes the figure NaN (sum does that itself)
+        self._clocks = (  # a NaN part makes the figure NaN
             min(clocks) if devs and not any(map(math.isnan, clocks)) else NAN,
             sum(d.power_w for d in devs) if devs else NAN,
             functools.reduce(operator.or_, map(int, reasons)) if devs and None not in reasons else None,
@@ -305,8 +279,7 @@ class MemorySampler:
         return delta, util, "nvml-device-delta"
 
     def sample_once(self) -> bool:
-        """Take one sample now; False when the process is gone (no sample). Raises
-        MemoryReadError: host memory could not be read even from statm."""
+        """Take one sample; False when the process is gone. Raises MemoryReadError."""
         rss, anon, pss, uss, alive = self._host()
         if not alive:
             return False
@@ -322,13 +295,12 @@ class MemorySampler:
 
     @property
     def samples(self) -> list[tuple]:
-        """A copy of the samples as tuples in the order of :data:`COLUMNS`."""
+        """A copy of the samples (tuples in :data:`COLUMNS` order)."""
         with self._lock:
             return list(self._samples)
 
     def to_frame(self):  # -> pandas.DataFrame
-        """Samples as a DataFrame with columns :data:`COLUMNS` (float64; ``device_source``
-        string)."""
+        """The samples as a DataFrame with :data:`COLUMNS`."""
         import pandas as pd
 
         df = pd.DataFrame(self.samples, columns=list(COLUMNS))
@@ -346,7 +318,7 @@ class MemorySampler:
         return {c: max((r[i] for r in rows if not math.isnan(r[i])), default=NAN) for i, c in cols}
 
     def overhead_pct(self) -> float:
-        """CPU time used by the sampler thread as a % of one core over its running time."""
+        """The sampler thread's CPU time as a % of one core over its running time."""
         t0 = self.t_started
         if t0 is None:
             return 0.0

@@ -1,8 +1,6 @@
-"""NVML for the sampler and the launcher: a reference-counted pynvml session, the NVML source
-protocol (:class:`NvmlSource`; :class:`PynvmlSource` reads the driver, tests pass a fake), the
-devices (:func:`nvml_inventory`), ``CUDA_VISIBLE_DEVICES`` resolved to them by UUID
-(:func:`resolve_visible_gpus`) and the devices' used memory (:func:`device_used_mib`).
-"""
+"""NVML for the sampler and the launcher: the source protocol (:class:`NvmlSource`, read by
+:class:`PynvmlSource`), the devices (:func:`nvml_inventory`), ``CUDA_VISIBLE_DEVICES`` resolved
+by UUID (:func:`resolve_visible_gpus`) and used memory (:func:`device_used_mib`)."""
 
 from __future__ import annotations
 
@@ -47,16 +45,14 @@ def _indices(gpu_index: int | Sequence[int]) -> list[int]:
     return [int(gpu_index)] if isinstance(gpu_index, int) else [int(i) for i in gpu_index]
 
 
-#: NVML's clock-event reason bits (nvml.h) for "slowed for power" (SwPowerCap,
-#: HwPowerBrakeSlowdown); "slowed for heat" is 0x20 | 0x40 (Sw/HwThermalSlowdown)
+#: NVML's clock-event reason bits (nvml.h) for power (SwPowerCap, HwPowerBrakeSlowdown)
 POWER_REASONS = 0x04 | 0x80
 
 
 @dataclass(frozen=True)
 class DeviceReading:
-    """One device's memory (bytes), utilisation (%), SM clock (MHz), power draw (W) and NVML's
-    clock-event reasons (a bitmask: :data:`POWER_REASONS`, thermal 0x20 | 0x40; 0 when the clocks
-    run free, 0x1 idle). NaN / None: the device or driver does not report it."""
+    """One device's memory (bytes), utilisation (%), SM clock (MHz), power (W) and clock-event
+    reasons (NVML's bitmask); NaN / None: not reported."""
 
     used_bytes: int
     total_bytes: int
@@ -79,14 +75,12 @@ class NvmlSource(Protocol):
         """Used/total memory (bytes) and utilisation of device ``index``. May raise."""
 
     def processes(self, index: int) -> list[tuple[int, int | None]]:
-        """(pid, usedGpuMemory bytes or None when NVML says "not available") of the compute
-        processes on device ``index``. May raise."""
+        """(pid, usedGpuMemory bytes or None) of the compute processes on ``index``. May raise."""
 
 
 @dataclass(frozen=True)
 class GpuRef:
-    """One GPU as NVML knows it: its NVML index (PCI bus order, whatever CUDA_VISIBLE_DEVICES
-    says), UUID (``GPU-…``) and name."""
+    """One GPU as NVML knows it (``index`` in PCI bus order)."""
 
     index: int
     uuid: str
@@ -125,8 +119,7 @@ def _gpus(nv: Any) -> list[tuple[GpuRef, Any]]:
 
 
 def nvml_inventory(nvml: Any = None) -> list[GpuRef] | None:
-    """Every GPU NVML sees, by NVML index, or None without NVML. ``nvml``: a source with an
-    ``inventory()`` method (tests), default pynvml."""
+    """Every GPU NVML sees, by index, or None without NVML (``nvml``: a fake with ``inventory()``)."""
     if nvml is not None:
         inv = getattr(nvml, "inventory", None)
         return list(inv()) if inv is not None else None
@@ -147,26 +140,14 @@ def _facts(nv: Any) -> dict[str, Any]:
 
 
 def gpu_facts() -> dict[str, Any]:
-    """This host's GPUs for a bundle's meta.json: ``gpu_name``, ``gpu_driver``, ``gpu_count`` and
-    ``gpu_total_mib`` (MiB, the first GPU), ``gpus`` (index, name, uuid, total_mib of every GPU
-    NVML sees, by NVML index, which ignores CUDA_VISIBLE_DEVICES); None and 0 without NVML (or
-    with no GPU)."""
+    """This host's GPUs for meta.json (the first's name and MiB, every GPU); None, 0 without NVML."""
     return _with_nvml(_facts, {"gpu_name": None, "gpu_driver": None, "gpu_count": 0, "gpu_total_mib": None})
 
 
 def resolve_visible_gpus(visible: str | None, nvml: Any = None) -> list[GpuRef]:
-    """The NVML devices a CUDA process sees, in its CUDA order, from its ``CUDA_VISIBLE_DEVICES``
-    (which NVML ignores: Ray's task on GPU 1 calls it ``cuda:0``); [] without NVML.
-
-    Entries are ``GPU-…`` UUIDs (or unique prefixes) or CUDA ordinals, equal to NVML indices
-    under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (perfkit sets it for its engines; on identical GPUs
-    CUDA's default order gives the same). Parsing stops at the first entry that is not a device,
-    as CUDA does; ``None`` (unset): every GPU; ``""`` or ``-1``: none.
-
-    Raises:
-        GpuResolveError: an entry names no NVML device, an ambiguous UUID prefix, or a MIG
-            instance (``MIG-…``: its memory is not the device's).
-    """
+    """The NVML devices a CUDA process with ``CUDA_VISIBLE_DEVICES`` = ``visible`` sees, in CUDA
+    order (parsed as CUDA does; docs/scale-out.md); [] without NVML. Raises GpuResolveError: an
+    entry names no device, an ambiguous UUID prefix, or a MIG instance."""
     inv = nvml_inventory(nvml)
     if inv is None:
         return []
@@ -226,8 +207,7 @@ class PynvmlSource:
         self._nv, self._handles = None, {}
 
     def _optional(self, what: str, read: Callable[[], Any], default: Any = NAN) -> Any:
-        """``read()``, or ``default`` when NVML cannot give it (logged once per reading: the
-        column is then NaN, "not read", never 0)."""
+        """``read()``, or ``default`` when NVML cannot give it (logged once per reading)."""
         try:
             return read()
         except Exception as exc:  # noqa: BLE001 - not supported on some devices (MIG, old drivers)
@@ -259,8 +239,7 @@ class PynvmlSource:
 
 
 def device_used_mib(gpu_index: int | Sequence[int] = 0, nvml: NvmlSource | None = None) -> float:
-    """Used memory of the device(s) in MiB (summed), or NaN without NVML. Take it before a launch
-    and pass it as ``MemorySampler(baseline_device_mib=...)``."""
+    """Used memory of the device(s) in MiB (summed), or NaN without NVML."""
     src = nvml or PynvmlSource()
     idx = _indices(gpu_index)
     if not src.open(idx):
