@@ -1,10 +1,6 @@
-"""Model construction for the reference engine: diffusers LTX-Video components with seeded
-weights (:func:`build_preset`), or a local diffusers-format checkpoint (:func:`load_checkpoint`);
-nothing is fetched from a model hub (docs/refengine.md, "Models"). Their placement on the device
-(:func:`place_components`): offload modes ``none``, ``model``, ``group-block``, ``group-leaf`` per
-component, under a memory cap (:data:`CAP_ENV_VARS`) or as asked (docs/refengine.md, "Placement
-and offload").
-"""
+"""The reference engine's models: diffusers LTX-Video components with seeded weights or from a
+local checkpoint, and their placement and offload on the device (docs/refengine.md, "Models" and
+"Placement and offload")."""
 
 from __future__ import annotations
 
@@ -33,15 +29,13 @@ _CORPUS = (
 
 @dataclass
 class Preset:
-    """A model configuration: kwargs of ``LTXVideoTransformer3DModel``, ``AutoencoderKLLTXVideo``,
-    ``transformers.T5Config`` and ``LTXLatentUpsamplerModel``; prompt tokens fed to the text
-    encoder; serving defaults (pixels, steps, frames; ltx-2b's); the weight dtype on GPU (CPU
-    always runs float32)."""
+    """A model configuration: the components' constructor kwargs (absent: diffusers' defaults),
+    prompt tokens, serving defaults (ltx-2b's) and the weight dtype on GPU (CPU runs float32)."""
 
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
-    text_encoder: dict[str, Any]
-    upsampler: dict[str, Any]
+    transformer: dict[str, Any] = field(default_factory=dict)
+    vae: dict[str, Any] = field(default_factory=dict)
+    text_encoder: dict[str, Any] = field(default_factory=dict)
+    upsampler: dict[str, Any] = field(default_factory=dict)
     max_sequence_length: int = 128
     height: int = 512
     width: int = 768
@@ -83,21 +77,12 @@ PRESETS: dict[str, Preset] = {
     ),
     # diffusers' default LTX-Video transformer (~1.9 B parameters), full-size VAE, T5-XXL encoder.
     "ltx-2b": Preset(
-        transformer=dict(),
-        vae=dict(),
         text_encoder=dict(
-            d_model=4096,
-            d_kv=64,
-            d_ff=10240,
-            num_layers=24,
-            num_heads=64,
-            feed_forward_proj="gated-gelu",
-            relative_attention_num_buckets=32,
+            d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu"
         ),
-        upsampler=dict(),  # serving defaults: Preset's (512x768, 30 steps, 25 frames, bfloat16)
     ),
 }
-if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch
+if tuple(PRESETS) != PRESET_NAMES:
     raise ImportError(
         f"perfkit.common.frames.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
     )
@@ -115,7 +100,6 @@ class Components:
     upsampler: torch.nn.Module | None
     preset: Preset
     source: str
-    #: bytes of parameters per component (computed from the modules)
     param_bytes: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,8 +112,7 @@ class Components:
 
 
 def build_tokenizer(vocab_size: int, max_length: int):
-    """A small BPE tokenizer trained locally: ``transformers.PreTrainedTokenizerFast`` with
-    ``<pad>``, ``</s>`` and ``<unk>``."""
+    """A small BPE ``PreTrainedTokenizerFast`` trained locally, with ``<pad>``, ``</s>`` and ``<unk>``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -170,10 +153,9 @@ def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtyp
 
     with init_empty_weights(include_buffers=False):
         model = cls_factory()
-    # buffers were built for real (e.g. the VAE's latents_mean/std): keep their values
+    # real buffers (the VAE's latents_mean/std) keep their values
     buffers = {n: b.detach().clone() for n, b in model.named_buffers() if b.device.type != "meta"}
-    # still on meta: no memory touched yet. torch's own Module.to: diffusers' override warns on
-    # every cast about modules to keep in float32, even when it lists none ("[]")
+    # torch's Module.to: diffusers' override warns on every cast, even with no module kept in float32
     keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
     model = model.to(dtype) if keep else torch.nn.Module.to(model, dtype)
     model = model.to_empty(device=device)
@@ -203,8 +185,7 @@ def _modules(p: Preset, two_stage: bool, build: Callable[[Callable[[], Any], int
 def build_preset(
     name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False, device: str | torch.device = "cpu"
 ) -> Components:
-    """Build preset ``name``'s components (a key of :data:`PRESETS`) with seeded random weights
-    on ``device``."""
+    """Preset ``name``'s components with seeded random weights on ``device``."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     p = PRESETS[name]
@@ -259,13 +240,8 @@ def save_checkpoint(c: Components, path: str | Path) -> Path:
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype, two_stage: bool = False, preset: str = "tiny"
 ) -> Components:
-    """Load a local diffusers-format LTX-Video checkpoint directory (the latent upsampler from
-    ``path/latent_upsampler`` with ``two_stage``); serving defaults from ``preset``.
-
-    Raises:
-        FileNotFoundError: the directory or its ``model_index.json`` is missing, or
-            ``two_stage`` is set and ``latent_upsampler/`` is missing.
-    """
+    """A local diffusers-format LTX-Video checkpoint (``two_stage``: with ``latent_upsampler/``);
+    serving defaults from ``preset``. FileNotFoundError: ``model_index.json`` or the upsampler missing."""
     from diffusers import LTXPipeline
     from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
 
@@ -299,24 +275,17 @@ GIB = 2**30
 AUTO_OFFLOAD_ORDER = ("text_encoder", "transformer")
 #: Offload modes of the transformer under which torch.compile is kept (diffusers PR #11605).
 COMPILE_COMPATIBLE = ("none", "group-block")
-#: dynamo recompile limit set for a compiled block-level offloaded transformer when none is
-#: given: each of its blocks is a separate graph of the same code (diffusers' test
-#: ``test_compile_with_group_offloading`` raises the limit for the same reason).
+#: dynamo recompile limit for a compiled block-level offloaded transformer (a graph per block)
 GROUP_COMPILE_RECOMPILE_LIMIT = 1024
-#: Execution order of every component that can be placed (model offload chains them so).
+#: Execution order of the components (model offload chains them so).
 _ORDER = ("text_encoder", "transformer", "upsampler", "vae")
-#: Submodules whose blocks are the groups of block-level offload, per component (absent: the
-#: component's own ``ModuleList`` children; diffusers' ``block_modules`` argument).
+#: diffusers' ``block_modules`` of block-level offload per component (absent: its own ``ModuleList``)
 _BLOCK_MODULES: dict[str, list[str] | None] = {"text_encoder": ["encoder"], "vae": ["decoder"]}
 
 
 def apply_device_cap(device: torch.device) -> float | None:
-    """The device cap in GiB from the environment (first of :data:`CAP_ENV_VARS` set; None: no
-    cap), applied on CUDA as the per-process memory fraction ``cap / total``.
-
-    Raises:
-        ValueError: when the variable is not a positive number (names the variable).
-    """
+    """The device cap (GiB) of the first of :data:`CAP_ENV_VARS` set, else None; applied on CUDA as
+    the memory fraction ``cap / total``. ValueError naming the variable: not a positive number."""
     var = next((v for v in CAP_ENV_VARS if os.environ.get(v)), None)
     if var is None:
         return None
@@ -339,12 +308,9 @@ def apply_device_cap(device: torch.device) -> float | None:
 def auto_modes(
     param_bytes: Mapping[str, int], cap_gib: float | None, requested: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
-    """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
-    components of :data:`AUTO_OFFLOAD_ORDER` that must leave the device, one at a time, for the
-    resident weights (bytes per component; a requested ``none`` counts, the upsampler with the
-    VAE) to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib`` (None: all resident). Example: ltx-2b in bf16
-    (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a 12 GiB cap offloads the
-    text encoder only; under 4 GiB the transformer too."""
+    """component -> mode: the requested one, else ``none``, or ``group-leaf`` for those of
+    :data:`AUTO_OFFLOAD_ORDER` that must leave, one at a time, for the resident weights (bytes; the
+    upsampler counts with the VAE) to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib`` (None: no cap)."""
     req = dict(requested or {})
     out = {c: req.get(c) or "none" for c in COMPONENTS}
     if cap_gib is None:
@@ -378,14 +344,10 @@ def place_components(
     cap_gib: float | None,
     requested: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """Place every component by its mode (the requested one, else :func:`auto_modes`; the
-    upsampler follows the VAE; on a CPU device only ``none``, as the command line checked).
-    Returns the engine facts (``/v1/models``, each record's ``perfkit``): ``placement`` (``cpu``,
-    ``device``, ``group_offload`` when any component is group-offloaded, else
-    ``model_offload``); per component ``placement_by_component`` (the device, ``"cuda:0"``, when
-    resident, else ``"cpu->cuda:0"``), ``offload`` (the mode applied), ``offload_requested``
-    (None: automatic) and ``offload_streams`` (group offload prefetches on a CUDA stream), and
-    ``offload_use_stream`` (any of them)."""
+    """Place every component by its mode (requested, else :func:`auto_modes`; the upsampler follows
+    the VAE). Returns the engine facts: ``placement`` (``cpu``, ``device``, ``group_offload``,
+    ``model_offload``); per component ``placement_by_component`` (``"cuda:0"`` or ``"cpu->cuda:0"``),
+    ``offload``, ``offload_requested`` (None: automatic), ``offload_streams``; ``offload_use_stream``."""
     req = {c: (requested or {}).get(c) for c in COMPONENTS}
     modes = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
     if comps.upsampler is not None:
