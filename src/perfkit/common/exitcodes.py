@@ -116,15 +116,14 @@ EXIT_DEADLINE_S = 10.0
 def _exit_interrupted() -> None:
     """End this interrupted process now with :data:`EXIT_ERROR`, its exit hooks bounded in time."""
     import atexit
+    import contextlib
     import os
     import threading
 
     def end() -> None:
         for f in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 f.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(EXIT_ERROR)
 
     timer = threading.Timer(EXIT_DEADLINE_S, end)

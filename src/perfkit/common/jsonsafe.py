@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from typing import Any
@@ -20,10 +21,8 @@ def _walk(v: Any, prefix: str, bad: list[tuple[str, float]]) -> Any:
     if isinstance(v, (list, tuple)):
         return [_walk(x, f"{prefix}[{i}]", bad) for i, x in enumerate(v)]
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             return _walk(v.item(), prefix, bad)
-        except (TypeError, ValueError):
-            pass
     return v
 
 

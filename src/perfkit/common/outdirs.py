@@ -3,6 +3,7 @@ holds, and the rule for a ``--out`` the user gave (never a file, never a run's o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 from pathlib import Path
 
@@ -17,11 +18,9 @@ def stamped_dir(base: str | Path, suffix: str = "", *, create: bool = False) -> 
     out, n = base / stamp, 1
     while True:
         if create:
-            try:
+            with contextlib.suppress(FileExistsError):
                 out.mkdir()
                 return out
-            except FileExistsError:
-                pass
         elif not out.exists():
             return out
         n += 1
