@@ -103,11 +103,10 @@ class Components:
     param_bytes: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        mods = {k: getattr(self, k) for k in ("transformer", "vae", "text_encoder", "upsampler")}
         self.param_bytes = {
-            k: sum(t.numel() * t.element_size() for t in m.parameters())
-            for k, m in mods.items()
-            if m is not None
+            k: sum(t.numel() * t.element_size() for t in getattr(self, k).parameters())
+            for k in ("transformer", "vae", "text_encoder", "upsampler")
+            if getattr(self, k) is not None
         }
 
 
@@ -211,8 +210,7 @@ def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False)
 
     with init_empty_weights():
         mods = [m for m in _modules(PRESETS[name], two_stage, lambda make, _k: make()) if m is not None]
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(t.numel() for m in mods for t in m.parameters()) * size
+    return sum(t.numel() for m in mods for t in m.parameters()) * dtype.itemsize
 
 
 def ltx_pipeline(c: Components) -> Any:
@@ -328,16 +326,6 @@ def auto_modes(
     return out
 
 
-def _summary(device: torch.device, modes: Mapping[str, str]) -> str:
-    if device.type == "cpu":
-        return "cpu"
-    if any(m.startswith("group-") for m in modes.values()):
-        return "group_offload"
-    if any(m == "model" for m in modes.values()):
-        return "model_offload"
-    return "device"
-
-
 def place_components(
     comps: Components,
     device: torch.device,
@@ -373,33 +361,32 @@ def place_components(
         else:
             from diffusers.hooks import apply_group_offloading
 
-            level = "block_level" if mode == "group-block" else "leaf_level"
-            kw: dict[str, object] = {}
-            if level == "block_level":
-                kw["num_blocks_per_group"] = 1
+            kw: dict[str, Any] = {"offload_type": "leaf_level"}
+            if mode == "group-block":
+                kw = {"offload_type": "block_level", "num_blocks_per_group": 1}
                 if _BLOCK_MODULES.get(comp):
                     kw["block_modules"] = _BLOCK_MODULES[comp]
             apply_group_offloading(
-                m,
-                onload_device=device,
-                offload_device=torch.device("cpu"),
-                offload_type=level,
-                use_stream=streams[comp],
-                **kw,
+                m, onload_device=device, offload_device=torch.device("cpu"), use_stream=streams[comp], **kw
             )
     if chain:
         from accelerate import cpu_offload_with_hook
 
-        hooks = []
-        prev = None
+        hooks, prev = [], None
         for comp in chain:
             _, prev = cpu_offload_with_hook(getattr(comps, comp), device, prev_module_hook=prev)
             hooks.append(prev)
         if len(hooks) > 1:  # close the cycle: the first component offloads the last one
             hooks[0].hook.prev_module_hook = hooks[-1]
+    if device.type == "cpu":
+        where = "cpu"
+    elif any(m.startswith("group-") for m in modes.values()):
+        where = "group_offload"
+    else:
+        where = "model_offload" if "model" in modes.values() else "device"
     dev = str(device)
     return {
-        "placement": _summary(device, modes),
+        "placement": where,
         "placement_by_component": {k: dev if m == "none" else f"cpu->{dev}" for k, m in modes.items()},
         "offload": modes,
         "offload_requested": req,
