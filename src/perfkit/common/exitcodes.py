@@ -1,8 +1,6 @@
-"""Exit codes, one rule for every perfkit command and the suite: :data:`EXIT_OK` (0) every check
-passed, :data:`EXIT_REGRESSION` (1) a check failed, :data:`EXIT_ERROR` (2) an error (bad input,
-engine crash, notebook exception, nothing compared). A leaf, so that a command starts without
-importing the gate (pandas, the investigations); :mod:`perfkit.gate.verdicts` re-exports them.
-:func:`run_click` applies the rule to a command line, interrupts included."""
+"""Exit codes of every perfkit command and the suite: :data:`EXIT_OK` (0) every check passed,
+:data:`EXIT_REGRESSION` (1) a check failed, :data:`EXIT_ERROR` (2) an error; :func:`run_click`
+applies the rule to a command line, interrupts included."""
 
 from __future__ import annotations
 
@@ -19,16 +17,14 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REGRESSION", "STATUS_WORD", "run_click
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_ERROR = 2
-#: output cut by its reader (``perfkit history changes | head``): 128 + SIGPIPE, as a shell reports it
+#: output cut by its reader (``| head``): 128 + SIGPIPE
 EXIT_SIGPIPE = 141
-#: the status word of each exit code (``run.json``'s ``status``, the summary's)
+#: ``run.json``'s ``status`` of each exit code
 STATUS_WORD = {EXIT_OK: "pass", EXIT_REGRESSION: "regression", EXIT_ERROR: "error"}
 
-
-#: the interrupts :func:`run_click` saw in this process (a KeyboardInterrupt can be swallowed,
-#: e.g. raised inside logging's lock release: "Exception ignored in ..."; the flag is not)
+#: the interrupts :func:`run_click` saw (a KeyboardInterrupt can be swallowed; this list is not)
 _SEEN: list[str] = []
-#: True while :func:`run_click` runs a command (a swallowed interrupt is delivered again only then)
+#: True while :func:`run_click` runs a command (a swallowed interrupt is redelivered only then)
 _RUNNING: list[bool] = []
 
 
@@ -74,19 +70,11 @@ def _words(command: "click.Command", args: list[str], prog_name: str) -> str:
 
 
 def run_click(command: "click.Command", args: list[str], prog_name: str, *, process: bool = False) -> int:
-    """Run a click command line under the one exit-code rule; returns its exit code.
-
-    An interrupt (SIGINT, or SIGTERM as the same KeyboardInterrupt) unwinds the command (its
-    ``finally`` blocks end what it started) and is :data:`EXIT_ERROR` with one line on stderr
-    naming the command and the signal, never 0 or 1 (verdicts); an interrupt swallowed in a
-    ``__del__`` is delivered again, and any exception after an interrupt is exit 2 without a
-    traceback. Once interrupted, or once the command ended with ``process`` (this is the
-    process's own command line), both signals are ignored until the process exits; an
-    interrupted ``process`` exits there, its exit hooks bounded by :data:`EXIT_DEADLINE_S`. Bad
-    usage: click's message, exit 2; an unhandled OSError: one line, exit 2; any other exception:
-    its traceback and one line, exit 2 (Python's own 1 would read as a failed check); output cut
-    by its reader (``| head``): :data:`EXIT_SIGPIPE`, quietly.
-    """
+    """Run a click command line under the one exit-code rule; returns its exit code: an
+    interrupt (SIGINT/SIGTERM), bad usage, an OSError or a crash is :data:`EXIT_ERROR` with one
+    line on stderr, output cut by its reader :data:`EXIT_SIGPIPE`. ``process``: the process's own
+    command line (an interrupted one exits within :data:`EXIT_DEADLINE_S`). Rules:
+    docs/suite.md, "Interrupts"."""
     import threading
 
     main_thread = threading.current_thread() is threading.main_thread()  # else signals stay as they are
@@ -104,13 +92,11 @@ def run_click(command: "click.Command", args: list[str], prog_name: str, *, proc
         _SEEN.append("SIGINT")
         code = EXIT_ERROR
     finally:
-        for s, h in old.items():
-            # interrupted, or the process's own command line: the process is ending, a late signal
-            # must not turn its exit code into death
+        for s, h in old.items():  # the process is ending: a late signal must not change its exit code
             signal.signal(s, signal.SIG_IGN if _SEEN or process else h)
         _RUNNING.clear()
         sys.unraisablehook = old_hook
-    if _SEEN and process:  # the interrupt's line is the last word: a worker thread's late log is not
+    if _SEEN and process:  # the interrupt's line is the last word
         logging.disable(logging.CRITICAL)
     if _SEEN and not said:
         print(
@@ -130,15 +116,14 @@ EXIT_DEADLINE_S = 10.0
 def _exit_interrupted() -> None:
     """End this interrupted process now with :data:`EXIT_ERROR`, its exit hooks bounded in time."""
     import atexit
+    import contextlib
     import os
     import threading
 
     def end() -> None:
         for f in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 f.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(EXIT_ERROR)
 
     timer = threading.Timer(EXIT_DEADLINE_S, end)
@@ -179,7 +164,7 @@ def _run(command: "click.Command", args: list[str], prog_name: str) -> tuple[int
 
         if isinstance(exc, MissingExtra) and not _SEEN:  # the caller prints its pip line
             raise
-        if not _SEEN:  # once interrupted, a library's failing cleanup (nbclient's) is the interrupt
+        if not _SEEN:  # once interrupted, a failing cleanup is the interrupt's
             import traceback
 
             traceback.print_exc()

@@ -1,11 +1,9 @@
-"""JSON that stays JSON (RFC 8259): no ``NaN``/``Infinity`` literals, which strict readers
-(``JSON.parse``, jq) refuse. :func:`finite` turns non-finite floats into ``null`` ("not measured";
-the reason lives beside it); :func:`dumps` writes with ``allow_nan=False``, so one that slipped
-through is an error, never a bad file.
-"""
+"""JSON that stays JSON (RFC 8259): no ``NaN``/``Infinity`` literals, which strict readers refuse;
+:func:`finite` makes them ``null`` ("not measured"), :func:`dumps` refuses any left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from typing import Any
@@ -23,37 +21,30 @@ def _walk(v: Any, prefix: str, bad: list[tuple[str, float]]) -> Any:
     if isinstance(v, (list, tuple)):
         return [_walk(x, f"{prefix}[{i}]", bad) for i, x in enumerate(v)]
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             return _walk(v.item(), prefix, bad)
-        except (TypeError, ValueError):
-            pass
     return v
 
 
 def finite(v: Any) -> Any:
-    """``v`` with every NaN/±inf float replaced by None, recursively (dict keys become str,
-    tuples lists, numpy scalars Python numbers)."""
+    """``v`` with every NaN/±inf float as None, recursively (keys str, tuples lists, numpy scalars)."""
     return _walk(v, "", [])
 
 
 def non_finite(v: Any) -> list[tuple[str, float]]:
-    """(dotted path, value) of each non-finite float in ``v`` (``warm.median_ms``,
-    ``rows[2].actual``): what :func:`finite` turns into null."""
+    """(dotted path, value) of each non-finite float in ``v`` (``rows[2].actual``)."""
     bad: list[tuple[str, float]] = []
     _walk(v, "", bad)
     return bad
 
 
 def dumps(obj: Any, **kw: Any) -> str:
-    """:func:`json.dumps` of :func:`finite` ``(obj)`` with ``allow_nan=False`` (other keyword
-    arguments passed on, e.g. ``indent``, ``sort_keys``, ``default``)."""
+    """:func:`json.dumps` of :func:`finite` ``(obj)`` with ``allow_nan=False``."""
     return json.dumps(finite(obj), allow_nan=False, **kw)
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s ``object_pairs_hook``: the object as a dict; a key given twice raises
-    ValueError naming it (``json`` alone keeps the last one silently: a second ``"scenarios"``
-    would drop every case of the first)."""
+    """``json.loads``'s ``object_pairs_hook``: ValueError naming a key given twice (json keeps the last)."""
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:

@@ -1,12 +1,5 @@
-"""Numbers as a reader sees them, in every table, sentence and check reason perfkit writes.
-
-:func:`number_text` is the one rule (the report's table formatter, the check reasons and the
-investigations' readings use it): whole numbers with thousands separators (``14,512``); other
-values by magnitude: ``>= 100`` no decimals (``58,428``), ``>= 10`` one decimal (``91.9``),
-``>= 1`` two (``2.31``), below that three (``0.016``); trailing zeros dropped below 10
-(``1.5``, ``0.25``; ``73.0`` keeps its one decimal); never
-exponent notation, never more than three decimals (a value that rounds to zero reads ``0``).
-"""
+"""Numbers as a reader sees them, in every table, sentence and check reason perfkit writes
+(:func:`number_text` is the one rule; docs/suite.md, "The report page")."""
 
 from __future__ import annotations
 
@@ -15,12 +8,9 @@ from typing import Any
 
 
 def number_text(x: float) -> str:
-    """``x`` as display text (see the module doc); ``"∞"``/``"-∞"`` for infinities and
-    ``"nan"`` is never returned: NaN reads ``"–"`` (not measured).
-
-    Raises:
-        TypeError, ValueError: when ``x`` is not a real number.
-    """
+    """``x`` as display text: whole numbers thousands-separated (``14,512``), else ``>= 100`` no
+    decimals, ``>= 10`` one, ``>= 1`` two, below three, trailing zeros dropped below 10 (``1.5``);
+    no exponent; NaN ``"–"``, infinities ``"∞"``/``"-∞"``; TypeError/ValueError: not a number."""
     f = float(x)
     if math.isnan(f):
         return "–"
@@ -50,8 +40,7 @@ def percent_text(x: object, digits: int = 1) -> str:
 
 
 def change_text(ratio: object) -> str:
-    """A ratio as a signed percent change (``1.05`` -> ``"+5.0 %"``); ``"–"`` as :func:`percent_text`
-    (None, NaN, infinities, non-numbers)."""
+    """A ratio as a signed percent change (``1.05`` -> ``"+5.0 %"``); ``"–"`` as :func:`percent_text`."""
     f = json_float(ratio)
     return "–" if f is None or isinstance(ratio, bool) else f"{(f - 1) * 100:+.1f} %"
 
@@ -69,10 +58,8 @@ def confidence_text(c: float) -> str:
 
 
 def fmt(v: Any, spec: str = ".0f", unit: str = "", missing: str = "–") -> str:
-    """A number for a reading or a check reason: ``fmt(954.2, ".0f", " ms")`` -> ``"954 ms"``,
-    ``fmt(58427.9, ".0f", " ms")`` -> ``"58,428 ms"``; a ``g`` spec takes
-    :func:`number_text` (``-3.9e-13`` -> ``"0"``, never exponent
-    notation); ``missing`` ("–") when not measured (None, NaN, not a number), never 0."""
+    """A number for a reading or a check reason: ``fmt(58427.9, ".0f", " ms")`` -> ``"58,428 ms"``;
+    a ``g`` spec takes :func:`number_text`; ``missing`` when not measured (None, NaN, not a number)."""
     x = json_float(v)
     if x is None:
         return missing

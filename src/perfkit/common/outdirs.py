@@ -3,14 +3,14 @@ holds, and the rule for a ``--out`` the user gave (never a file, never a run's o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 from pathlib import Path
 
 
 def stamped_dir(base: str | Path, suffix: str = "", *, create: bool = False) -> Path:
     """A directory ``base/<YYYYmmdd-HHMMSS><suffix>`` that does not exist yet (``-2``, ``-3``, …
-    when that name is taken). With ``create`` it is made here, exclusively, so two runs started
-    in the same second never share one; without, it is only named (made by whoever writes it)."""
+    when taken); ``create``: made here, exclusively (two runs in one second never share one)."""
     base = Path(base)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S") + suffix
     if create:
@@ -18,11 +18,9 @@ def stamped_dir(base: str | Path, suffix: str = "", *, create: bool = False) -> 
     out, n = base / stamp, 1
     while True:
         if create:
-            try:
+            with contextlib.suppress(FileExistsError):
                 out.mkdir()
                 return out
-            except FileExistsError:
-                pass
         elif not out.exists():
             return out
         n += 1
@@ -30,8 +28,7 @@ def stamped_dir(base: str | Path, suffix: str = "", *, create: bool = False) -> 
 
 
 def given_out_problem(out: str | Path) -> str | None:
-    """Why a ``--out`` the user gave cannot take new outputs (``"is a file"``, ``"exists and is
-    not empty"``: a run's outputs are never overwritten), or None."""
+    """Why a given ``--out`` cannot take outputs (``"is a file"``, ``"exists and is not empty"``), or None."""
     p = Path(out)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         return "is a file" if not p.is_dir() else "exists and is not empty"

@@ -9,11 +9,8 @@ from pathlib import Path
 
 
 def git_commit() -> str | None:
-    """HEAD of perfkit's own checkout, ``+dirty`` appended when perfkit's tracked files differ
-    from it (what ran is then not exactly that commit), or None when perfkit does not run from
-    its own checkout: an installed wheel, or an unpacked copy inside some other repository (whose
-    HEAD says nothing about perfkit). ``PERFKIT_GIT_COMMIT`` overrides (copies without ``.git``,
-    e.g. a GPU host that received a tarball)."""
+    """HEAD of perfkit's own checkout (``+dirty`` when its tracked files differ), or None when perfkit
+    does not run from its own checkout; ``PERFKIT_GIT_COMMIT`` overrides (copies without ``.git``)."""
     if os.environ.get("PERFKIT_GIT_COMMIT"):
         return os.environ["PERFKIT_GIT_COMMIT"]
     root = _source_root()
@@ -36,10 +33,8 @@ def git_commit() -> str | None:
 
 
 def source_digest(root: Path | None = None) -> str | None:
-    """SHA-256 (hex, first 16 digits) of every ``*.py`` under ``src/perfkit`` and
-    ``pyproject.toml`` on disk, by sorted path and content: names the code that ran where the
-    commit cannot (a copied tree whose ``.git`` is older reports ``<commit>+dirty``). None when
-    ``root`` (default: the checkout perfkit is imported from) has no ``src/perfkit``."""
+    """SHA-256 (first 16 hex digits) of every ``*.py`` under ``src/perfkit`` and ``pyproject.toml``
+    by sorted path and content; None when ``root`` (default: perfkit's checkout) has no ``src/perfkit``."""
     root = _source_root() if root is None else Path(root)
     pkg = root / "src" / "perfkit"
     if not pkg.is_dir():
@@ -58,10 +53,8 @@ def _source_root() -> Path:
 
 
 def repo_root() -> Path:
-    """The checkout perfkit runs from (where ``notebooks/``, ``params/`` and ``baselines/`` live):
-    the one its source is in (``pip install -e``), else for an installed perfkit ``$PERFKIT_ROOT``
-    or the current directory, exported as ``PERFKIT_ROOT`` so that the notebook kernels and
-    engines it starts (in their run directories) find the same one."""
+    """The checkout perfkit runs from (``notebooks/``, ``params/``): its source's, else ``$PERFKIT_ROOT``
+    or the current directory, exported as ``PERFKIT_ROOT`` for the kernels and engines it starts."""
     here = _source_root()
     if (here / "notebooks").is_dir():
         return here

@@ -21,10 +21,7 @@ def slug(s: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "", str(s).replace(" + ", "-").replace(" ", "")) or "x"
 
 
-#: Markdown's markup characters as HTML character references (brackets backslash-escaped, which
-#: reads better raw): shown as themselves by GitHub and by nbconvert's renderer, never markup
-#: (``<`` opens no tag, a backtick no code span, a ``|`` no table cell, a bracket no link or
-#: image, a backslash escapes nothing)
+#: Markdown's markup characters as character references (brackets escaped): shown, never markup
 _MD = str.maketrans(
     {
         "&": "&amp;",
@@ -49,13 +46,8 @@ def clip(text: Any, n: int = 200) -> str | None:
 
 
 def md_text(text: Any, *, cell: bool = False, code: bool = False, limit: int | None = None) -> str:
-    """Text perfkit did not write (names, error texts, log lines, commit subjects) as Markdown
-    that shows it as it is, markup never live (outside code spans and fences): ``&``, ``<``,
-    ``>``, backticks, ``|`` and backslashes as character references, brackets escaped; line
-    breaks a space (``cell=True``: ``<br>``); trimmed; None is "". Emphasis stays (it runs or
-    loads nothing). ``code=True``: in ``<code>`` (a code span would show the references as
-    written); ``limit``: first cut to that many characters (:func:`clip`).
-    """
+    """Text perfkit did not write as Markdown that shows it as it is, markup never live; line
+    breaks a space (``cell``: ``<br>``); None is ""; ``code``: in ``<code>``; ``limit``: :func:`clip` it."""
     t = "" if text is None else str(text).strip()
     if limit is not None:
         t = clip(t, limit) or ""  # leading blanks would open a code block
@@ -64,9 +56,8 @@ def md_text(text: Any, *, cell: bool = False, code: bool = False, limit: int | N
 
 
 def md_code(text: Any) -> str:
-    """``text`` in code font: a Markdown code span when it holds no backtick, line break or
-    ``|`` (as perfkit's own names do), else :func:`md_text` ``code=True`` (a backtick in a span
-    would end it)."""
+    """``text`` in code font: a code span when it holds no backtick, line break or ``|``, else
+    :func:`md_text` ``code=True``."""
     t = "" if text is None else str(text)
     if t and t.strip() == t and not any(c in t for c in "`|\r\n"):
         return f"`{t}`"

@@ -1,7 +1,5 @@
-"""Command line of the reference engine: :func:`main` checks the options
-(:mod:`perfkit.refengine.flags`), builds the engine (device, placement, compile settings, the
-pipeline) and serves. Marks, sglang's log lines and exit codes: docs/refengine.md.
-"""
+"""Command line of the reference engine: :func:`main` checks the options, builds the engine and
+serves (marks, sglang's log lines and exit codes: docs/refengine.md)."""
 
 from __future__ import annotations
 
@@ -37,9 +35,8 @@ def mark(name: str, **fields) -> None:
 
 
 def main(argv: list[str] | None = None, t0: float | None = None) -> int:
-    """Run the reference engine with ``argv`` (default ``sys.argv[1:]``): 0 when it stopped
-    cleanly, 2 for bad arguments or a refused configuration (``error: ...`` on stderr), 3 when
-    the startup warmup failed. ``t0``: the process start (epoch s) for the first mark."""
+    """Run the reference engine; returns 0 (stopped cleanly), 2 (refused: ``error: ...`` on stderr)
+    or 3 (the startup warmup failed). ``t0``: the process start (epoch s) for the first mark."""
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank = args.rank or 0  # > 0: a CFG-parallel rank spawned by rank 0 (no HTTP, no marks)
@@ -63,21 +60,20 @@ def main(argv: list[str] | None = None, t0: float | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
-    """Check the arguments, build the engine and serve (rank 0) or compute (other ranks)."""
     snapshot_after = _checked(args)
     _refuse_before_torch(args)
 
     import torch
-    import uvicorn  # noqa: F401 - imported before the models load, as it always was (cold start parts)
+    import uvicorn  # noqa: F401 - before the models load, as it always was (cold start parts)
 
     from perfkit.common.provenance import git_commit
     from perfkit.refengine import dist, models
     from perfkit.refengine.pipeline import StagedPipeline
     from perfkit.refengine.profiling import CompileWatch, SnapshotRecorder, snapshot
-    from perfkit.refengine.server import Engine
+    from perfkit.refengine.server import Engine, serve_http
 
     device = _device(args, rank)
-    # started before the models load, so the weights' blocks carry their allocation stacks too
+    # before the models load, so the weights' blocks carry their allocation stacks too
     recorder = SnapshotRecorder(
         device,
         snapshot_after if rank == 0 else [],
@@ -85,7 +81,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         args.memory_snapshot_entries,
     )
     recorder.start()
-    if args.cpu_threads is not None:  # after the ranks' default: the spec's cpu_threads wins
+    if args.cpu_threads is not None:  # after the ranks' default
         torch.set_num_threads(args.cpu_threads)
     requested = _requested_offload(args, device.type)
     preset = models.PRESETS.get(args.preset, models.PRESETS["tiny"])
@@ -120,8 +116,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     pipe.stage_delay = stage_delay
     if stage_delay:
         pipe._busy(0.2)  # first calls of the busy kernel pay one-off setup: not in a measured stage
-    warmup = _warmup_frames(args)
-    warmup_frames = warmup[0]
+    warmup_frames = _warmup_frames(args)[0]
     if rank > 0:
         log.info("rank %d loaded (%s, %s); serving rank 0's requests", rank, device, where)
         return dist.worker_loop(
@@ -135,7 +130,7 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
         "steps": args.steps or preset.steps,
         "num_frames": preset.num_frames,
     }
-    info = _engine_info(args, device, dtype, placed, comps, cap, compiled, warmup, stage_delay)
+    info = _engine_info(args, device, dtype, placed, comps, cap, compiled, stage_delay)
     log.info("%s", server_args_line(args, info, warmup_frames))
     engine = Engine(
         pipe,
@@ -153,21 +148,19 @@ def _serve(args: argparse.Namespace, raw_argv: list[str], rank: int) -> int:
     engine.snapshots["load_peak"] = snapshot(device)
     mark("models_loaded", t=f"{time.time():.6f}", placement=where)
     log.info("models loaded (%s, %s, %s)", comps.source, device, where)
-    log.info("[server-load] workers_ready_monotonic_ns=%d", time.monotonic_ns())  # as sglang logs it
+    log.info("[server-load] workers_ready_monotonic_ns=%d", time.monotonic_ns())
 
-    def warm() -> bool:  # on a thread once HTTP serves: /health answers 503 until it returns
+    def warm() -> bool:  # on a thread once HTTP serves
         if warmup_frames > 0 and not _startup_warmup(engine, args, defaults, warmup_frames, device):
             return False
         mark("warmup_done", t=f"{time.time():.6f}")
         return True
 
-    from perfkit.refengine.server import serve_http
-
     return serve_http(engine, comps.source, sock, warm)
 
 
 def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
-    """TEST ONLY ``--debug-stage-delay``: stage -> fraction of its own work to add (logged)."""
+    """TEST ONLY ``--debug-stage-delay``: stage -> fraction of its own work to add."""
     stage_delay = {name: pct / 100.0 for name, pct in args.debug_stage_delay}
     if stage_delay:
         log.warning(
@@ -179,33 +172,24 @@ def _injected_delay(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _warmup_frames(args: argparse.Namespace) -> tuple[int, str]:
-    """(startup warmup frames, the rule that chose them: multi-GPU two-stage may have its own)."""
+    """(startup warmup frames, the rule that chose them)."""
     mg = args.multi_gpu_warmup_frames
     if args.two_stage and args.num_gpus > 1 and args.warmup_frames > 0 and mg is not None:
         return mg, "multi_gpu_two_stage"
     return args.warmup_frames, "generic"
 
 
-def _engine_info(
-    args: argparse.Namespace,
-    device: Any,
-    dtype: Any,
-    placed: Any,
-    comps: Any,
-    cap: Any,
-    compiled: tuple[bool, str | None],
-    warmup: tuple[int, str],
-    stage_delay: dict[str, float],
-) -> dict[str, Any]:
-    """The engine's effective config as it runs (the server's ``info``, in every record)."""
+def _engine_info(args, device, dtype, placed, comps, cap, compiled, stage_delay) -> dict[str, Any]:
+    """The engine's effective config as it runs (the server's ``info``, in every record); ``compiled``:
+    (compile, why not)."""
     import torch
     import torch._dynamo
 
     do_compile, compile_off_reason = compiled
-    warmup_frames, warmup_rule = warmup
+    warmup_frames, warmup_rule = _warmup_frames(args)
     info = {
         "device": str(device),
-        **placed,  # placement (summary), placement_by_component, offload, ...
+        **placed,
         "preset": args.preset,
         "model_source": comps.source,
         "dtype": str(dtype).replace("torch.", ""),
@@ -214,11 +198,8 @@ def _engine_info(
         "compile_active": do_compile,
         "compile_disabled_reason": compile_off_reason,
         "compile_backend": args.compile_backend if do_compile else None,
-        # _compile_settings set dynamo's limit when one was given or chosen
         "recompile_limit": torch._dynamo.config.recompile_limit if do_compile else None,
         "attention_backend": _attention_backend(),
-        # torch's intra-op threads as this engine runs (--cpu-threads, else OMP_NUM_THREADS or the
-        # cores): on a shared CPU host, 2 threads on 2 cores ran the tiny DenoisingStage 7-10x slower
         "torch_threads": torch.get_num_threads(),
         "cpu_threads_requested": args.cpu_threads,
         "two_stage": args.two_stage,
@@ -227,7 +208,6 @@ def _engine_info(
         "multi_gpu_warmup_frames": args.multi_gpu_warmup_frames,
         "device_cap_gib": cap,
         "param_mib": {k: round(v / 2**20, 1) for k, v in comps.param_bytes.items()},
-        # frames: 8k+1 for every N (CFG parallel keeps the whole latent on each rank)
         "num_gpus": args.num_gpus,
         "parallelism": "cfg" if args.num_gpus > 1 else None,
         "frame_rule": "8k+1",
@@ -240,33 +220,27 @@ def _engine_info(
 
 def _checked(args: argparse.Namespace) -> list[int]:
     """Check the numeric options; the indices of ``--memory-snapshot-after``."""
-    if args.num_gpus < 1:
-        raise _Refused(f"--num-gpus must be >= 1, got {args.num_gpus}")
+    at_least = dict.fromkeys(("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"), 0)
+    for name, low in {"num_gpus": 1, "cpu_threads": 1, "memory_snapshot_entries": 1, **at_least}.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise _Refused(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
     if args.rank is not None and not (
         0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus and args.dist_init
     ):
         raise _Refused("--rank needs 0 <= rank < --num-gpus, --world-size == --num-gpus and --dist-init")
-    if args.cpu_threads is not None and args.cpu_threads < 1:
-        raise _Refused(f"--cpu-threads must be >= 1, got {args.cpu_threads}")
     cores = os.cpu_count()
     if args.cpu_threads is not None and cores is not None and args.cpu_threads > cores:
-        # else libgomp dies allocating the pool (10**9: "Out of memory allocating 216000001344
-        # bytes"), or torch raises past a C long long
+        # else libgomp dies allocating the pool, or torch raises past a C long long
         raise _Refused(f"--cpu-threads must be <= this host's {cores} logical CPUs, got {args.cpu_threads}")
-    for name in ("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"):
-        if getattr(args, name) < 0:
-            raise _Refused(f"--{name.replace('_', '-')} must be >= 0")
     try:
-        snapshot_after = parse_indices(args.memory_snapshot_after)
+        return parse_indices(args.memory_snapshot_after)
     except ValueError as exc:
         raise _Refused(f"--memory-snapshot-after: {exc}") from None
-    if args.memory_snapshot_entries < 1:
-        raise _Refused("--memory-snapshot-entries must be >= 1")
-    return snapshot_after
 
 
 def _device(args: argparse.Namespace, rank: int) -> Any:
-    """The device ``--device`` names (bare ``cuda``: the current one), or this rank's (``--num-gpus`` > 1)."""
+    """The device ``--device`` names (bare ``cuda``: the current one), or this rank's."""
     import torch
 
     name = args.device
@@ -284,15 +258,13 @@ def _device(args: argparse.Namespace, rank: int) -> Any:
         if base + n > have:
             raise _Refused(f"--num-gpus {n} from cuda:{base} needs {base + n} CUDA devices, {have} visible")
         device = torch.device("cuda", base + rank)
-        # before building: the seeded init draws on the current device (not GPU 0 on every rank)
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # the seeded init draws on the current device
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # read at NCCL communicator init
     return device
 
 
 def _refuse_before_torch(args: argparse.Namespace) -> None:
-    """Refuse an unknown preset, and an offload :func:`_serve` would refuse on a device named
-    ``cpu``, before torch."""
+    """Refuse an unknown preset, and an offload mode on a device named ``cpu``, before torch."""
     if args.preset not in PRESET_NAMES and not args.model_path:
         raise _Refused(f"unknown --preset {args.preset!r}; known: {', '.join(PRESET_NAMES)}")
     if args.device == "cpu" or (args.device.startswith("cpu:") and args.device[4:].isdigit()):
@@ -325,10 +297,10 @@ def _requested_offload(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
 
 def _bind(args: argparse.Namespace) -> socket.socket:
-    """The listening socket, bound before the models load; ``args.port`` becomes the port served."""
+    """The listening socket; ``args.port`` becomes the port served."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # inherited by accepted connections: with Nagle a poll waited for the delayed ACK (40 ms a GET)
+    # inherited by accepted connections: with Nagle a poll waits for the delayed ACK (40 ms)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((args.host, args.port))
@@ -353,17 +325,14 @@ def _start_ranks(args: argparse.Namespace, raw_argv: list[str], rank: int) -> tu
     return None, dist.make_store(args.dist_init, args.num_gpus, master=False)[0]
 
 
-def _components(
-    args: argparse.Namespace, device: Any, dtype: Any, cap: Any, requested: dict[str, Any]
-) -> Any:
-    """The model components, from ``--model-path`` or built from the preset (see docs/refengine.md)."""
+def _components(args: argparse.Namespace, device, dtype, cap, requested: dict[str, Any]) -> Any:
+    """The model components, from ``--model-path`` or built from the preset."""
     import torch
 
     from perfkit.refengine import models
 
     if args.model_path:
         return models.load_checkpoint(args.model_path, dtype, two_stage=args.two_stage, preset=args.preset)
-    # on the GPU when everything will be resident (seconds, no host round trip of each tensor)
     build_dev = torch.device("cpu")
     if device.type == "cuda" and all(m in (None, "none") for m in requested.values()):
         need = models.estimate_param_bytes(args.preset, dtype, args.two_stage)
@@ -372,9 +341,7 @@ def _components(
     return models.build_preset(args.preset, dtype, seed=args.seed, two_stage=args.two_stage, device=build_dev)
 
 
-def _compile_settings(
-    args: argparse.Namespace, placed: Any, device: Any, comps: Any
-) -> tuple[bool, str | None]:
+def _compile_settings(args: argparse.Namespace, placed, device, comps) -> tuple[bool, str | None]:
     """(compile, why not when asked); sets dynamo's recompile limit and compiles what placement allows."""
     import torch._dynamo
 
@@ -388,17 +355,15 @@ def _compile_settings(
             f"the transformer is offloaded ({t_mode}); torch.compile is kept only under "
             f"{' or '.join(models.COMPILE_COMPATIBLE)}"
         )
+    elif do_compile:  # only a CPU device may lack one: no offload there
+        compile_off_reason = _compile_unusable(args.compile_backend, device)
+    if compile_off_reason:
         log.warning("torch.compile disabled: %s", compile_off_reason)
         do_compile = False
     if do_compile and t_mode == "group-block" and recompile_limit is None:
-        # one graph per offloaded block: dynamo's default limit (8) would leave most blocks eager
+        # one graph per offloaded block: dynamo's default limit (8) leaves most blocks eager
         recompile_limit = models.GROUP_COMPILE_RECOMPILE_LIMIT
         log.info("block-level offloaded transformer compiled: recompile limit %d", recompile_limit)
-    if do_compile:
-        compile_off_reason = _compile_unusable(args.compile_backend, device)
-        if compile_off_reason:
-            log.warning("torch.compile disabled: %s", compile_off_reason)
-            do_compile = False
     compile_vae = args.compile_vae and do_compile
     if compile_vae and placed["offload"].get("vae", "none") != "none":
         log.warning("VAE torch.compile disabled: the VAE is offloaded (%s)", placed["offload"]["vae"])
@@ -415,22 +380,15 @@ def _compile_settings(
 
 
 def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = None) -> dict[str, Any]:
-    """Keyword arguments for ``torch.compile`` (``dynamic=False``, ``backend``), with
-    ``recompile_limit`` only where ``compile_fn`` (default ``torch.compile``) takes it: torch 2.13
-    added the argument, torch 2.11 raises ``TypeError`` on it (found on the H200 host) and reads the
-    limit from ``torch._dynamo.config`` alone.
-
-    Raises:
-        ValueError: ``backend`` empty or not a string; ``recompile_limit`` not a positive int.
-    """
+    """``torch.compile`` kwargs, with ``recompile_limit`` only where ``compile_fn`` (default
+    ``torch.compile``) takes it (torch 2.13 on; 2.11 raises TypeError). ValueError: ``backend``
+    empty or not a string, ``recompile_limit`` not a positive int."""
     import inspect
 
     import torch
 
     if not isinstance(backend, str) or not backend:
-        raise ValueError(
-            f"compile backend must be a non-empty name (inductor, aot_eager, …), got {backend!r}"
-        )
+        raise ValueError(f"compile backend must be a non-empty name, got {backend!r}")
     if recompile_limit is not None and (
         isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int) or recompile_limit < 1
     ):
@@ -444,9 +402,7 @@ def compile_kwargs(backend: str, recompile_limit: int | None, compile_fn: Any = 
     return kw
 
 
-def _startup_warmup(
-    engine: Any, args: argparse.Namespace, defaults: dict[str, Any], warmup_frames: int, device: Any
-) -> bool:
+def _startup_warmup(engine, args: argparse.Namespace, defaults: dict, warmup_frames: int, device) -> bool:
     """Run the startup warmup request; False (``error: ...`` on stderr) when it failed."""
     from perfkit.refengine.jobs import GenRequest
     from perfkit.refengine.profiling import snapshot
@@ -462,7 +418,7 @@ def _startup_warmup(
 
 
 def _attention_backend() -> str:
-    """diffusers' active attention backend (``DIFFUSERS_ATTN_BACKEND``; "native" is torch SDPA)."""
+    """diffusers' active attention backend ("native" is torch SDPA)."""
     try:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
@@ -473,7 +429,7 @@ def _attention_backend() -> str:
 
 
 def _compile_unusable(backend: str, device) -> str | None:
-    """Why torch.compile cannot run here (inductor on a CPU device without a C++ compiler), or None."""
+    """Why torch.compile cannot run here (inductor on CPU without a C++ compiler), or None."""
     if backend != "inductor" or device.type != "cpu":
         return None
     try:

@@ -1,8 +1,6 @@
-"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1) with torch.distributed:
-rank 0 serves and broadcasts each request, each rank computes one guidance branch per step and
-the noise predictions are all-gathered (:class:`CfgParallel`, :class:`Rank0Runner`,
-:func:`worker_loop`). Layout, failures and teardown: docs/refengine.md, "CFG parallelism".
-"""
+"""CFG parallelism for the reference engine (``--num-gpus N``, N > 1): rank 0 serves and broadcasts
+each request, each rank computes one guidance branch per step, the predictions are all-gathered
+(docs/refengine.md, "CFG parallelism")."""
 
 from __future__ import annotations
 
@@ -28,7 +26,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 #: Seconds rank 0 waits for an in-flight request after a peer died before it exits (code 3).
 STUCK_EXIT_S = 10.0
-_PR_SET_PDEATHSIG = 1
 
 
 def timeout() -> _dt.timedelta:
@@ -36,12 +33,8 @@ def timeout() -> _dt.timedelta:
 
 
 def make_store(init: str | None, world_size: int, master: bool):
-    """(TCPStore, ``tcp://HOST:PORT`` for the other ranks): rank 0's (``master``: on the port of
-    ``init``, else a free one) or a client of it.
-
-    Raises:
-        ValueError: ``init`` is not ``tcp://HOST:PORT``.
-    """
+    """(TCPStore, ``tcp://HOST:PORT`` for the other ranks): rank 0's (``master``; without ``init``
+    on a free port) or a client of it. ValueError: ``init`` is not ``tcp://HOST:PORT``."""
     from torch.distributed import TCPStore
 
     host, port = "127.0.0.1", "0"
@@ -56,9 +49,8 @@ def make_store(init: str | None, world_size: int, master: bool):
 
 @dataclass
 class CfgParallel:
-    """One rank's view of the CFG-parallel group (noise all_gather over ``nccl`` on CUDA, ``gloo``
-    on the CPU). ``control``: the gloo group for requests and reports (None: the default group is
-    gloo)."""
+    """One rank's view of the CFG-parallel group; ``control``: the gloo group for requests and
+    reports (None: the default group is gloo)."""
 
     rank: int
     world_size: int
@@ -71,8 +63,7 @@ class CfgParallel:
         self._marks = []
 
     def step_split(self) -> tuple[list[float], list[float]]:
-        """(transformer ms, all_gather ms) per step of the request, in call order (CUDA events,
-        resolved here after the request's final sync; ``time.perf_counter`` on CPU)."""
+        """(transformer ms, all_gather ms) per step of the request, in call order."""
         compute, gather = [], []
         for a, b, c in self._marks:
             if isinstance(a, float):
@@ -101,9 +92,8 @@ class CfgParallel:
         cfg: bool,
         guidance: float,
     ) -> torch.Tensor:
-        """This rank's branch through ``predict``, gathered with the others, combined (CFG).
-        ``embeds``/``mask``: [unconditional (rank 0), conditional (rank 1)] with CFG, else the
-        conditional one only (rank 0)."""
+        """This rank's branch through ``predict``, gathered with the others, combined (CFG:
+        ``embeds``/``mask`` are [unconditional (rank 0), conditional (rank 1)])."""
         import torch.distributed as dist
 
         branches = 2 if cfg else 1
@@ -153,12 +143,11 @@ def _pdeathsig_hook() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here, not between fork and exec
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subprocess.Popen]:
-    """Start ranks 1..world_size-1: ``python -m perfkit.refengine ARGV --rank r ...`` (rank 0's
-    stdout/stderr and process group, ``NCCL_NVLS_ENABLE=0``, killed when rank 0 dies)."""
+    """Start ranks 1..world_size-1 (``python -m perfkit.refengine ARGV --rank r ...``), dying with rank 0."""
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
     procs = []
     hook = _pdeathsig_hook()
@@ -171,8 +160,7 @@ def spawn_ranks(argv: list[str], world_size: int, init_url: str) -> list[subproc
 
 
 def stop_ranks(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    """SIGTERM the ranks, wait ``grace_s``, SIGKILL those left; reaps them all (signalling an
-    exited one does nothing)."""
+    """SIGTERM the ranks, wait ``grace_s``, SIGKILL those left; reaps them all."""
     for p in procs:
         p.terminate()
     deadline = time.monotonic() + grace_s
@@ -204,10 +192,8 @@ def rank_report(res, rank: int, device: torch.device, snapshots: dict[str, Any])
 
 
 class Rank0Runner:
-    """Rank 0's pipeline front (the server runs requests through :meth:`run`): broadcasts each
-    request, runs its part on the ``StagedPipeline``, gathers the reports.
-    Made right after the ranks are spawned (one dying while loading exits rank 0 with 3);
-    :meth:`attach` adds the pipeline; ``fatal`` is set once the group is unusable."""
+    """Rank 0's pipeline front: :meth:`run` broadcasts each request, runs rank 0's part and gathers
+    the reports; ``fatal`` is set once the group is unusable (a rank dying while loading: exit 3)."""
 
     def __init__(self, procs: list[subprocess.Popen]):
         self.pipe = None
@@ -222,7 +208,7 @@ class Rank0Runner:
         self._monitor.start()
 
     def attach(self, pipe, par: CfgParallel) -> None:
-        """The pipeline and group, once built (the monitor runs from the spawn on)."""
+        """The pipeline and group, once built."""
         self.pipe, self.par = pipe, par
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
@@ -286,7 +272,7 @@ class Rank0Runner:
 
 def worker_loop(pipe, par: CfgParallel, warmup_first: bool, snapshots: dict[str, Any]) -> int:
     """Serve rank 0's broadcasts until told to stop; returns the exit code. ``warmup_first``: the
-    first run is the startup warmup (its peak becomes ``warmup_peak``)."""
+    first run is the startup warmup."""
     from perfkit.refengine.jobs import GenRequest
     from perfkit.refengine.profiling import snapshot
 

@@ -1,8 +1,5 @@
-"""The reference engine's command line options (``perfkit engine serve``, ``python -m
-perfkit.refengine``): :func:`build_parser`, sglang's environment for the perf log
-(:func:`sglang_perf_log_dir`) and sglang's ``server_args`` line. Flags follow ``sglang serve``
-where it has them.
-"""
+"""The reference engine's command line options (:func:`build_parser`, following ``sglang serve``
+where it has them), sglang's perf log environment and its ``server_args`` line."""
 
 from __future__ import annotations
 
@@ -11,9 +8,8 @@ import json
 import os
 from typing import Any
 
-#: Offload modes, one per component (``--offload``, ``--offload-<component>``).
 OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
-#: Components with their own offload flag, in execution order (the upsampler follows ``vae``).
+#: Components with their own offload flag (the upsampler follows ``vae``).
 COMPONENTS = ("text_encoder", "transformer", "vae")
 
 
@@ -40,8 +36,7 @@ _TRUTHY = ("1", "true", "yes", "y", "t", "on")
 
 
 def sglang_perf_log_dir(environ=None) -> str | None:
-    """sglang's perf env: ``SGLANG_PERF_LOG_DIR`` when ``SGLANG_DIFFUSION_STAGE_LOGGING`` is true
-    (``1``/``true``/``yes``/``on``, any case), else None."""
+    """``SGLANG_PERF_LOG_DIR`` when ``SGLANG_DIFFUSION_STAGE_LOGGING`` is true (as sglang reads it)."""
     env = os.environ if environ is None else environ
     if str(env.get("SGLANG_DIFFUSION_STAGE_LOGGING", "")).strip().lower() not in _TRUTHY:
         return None
@@ -49,9 +44,8 @@ def sglang_perf_log_dir(environ=None) -> str | None:
 
 
 def server_args_line(args: argparse.Namespace, info: dict[str, Any], warmup_frames: int) -> str:
-    """``server_args: {JSON}`` as sglang 0.5.23 logs its adjusted ServerArgs (multimodal_gen
-    runtime/server_args/server_args.py), with sglang's names for what this engine runs: the
-    compile and offload in force, its attention backend, the startup warmup."""
+    """``server_args: {JSON}`` as sglang 0.5.23 logs its adjusted ServerArgs, with sglang's names
+    for what this engine runs (docs/refengine.md, "Command line and startup")."""
     offload = info.get("offload") or {}
     transformer = str(offload.get("transformer", "none"))
     res = args.warmup_resolution
@@ -75,7 +69,7 @@ def server_args_line(args: argparse.Namespace, info: dict[str, Any], warmup_fram
 
 
 def _stage_delay(text: str) -> tuple[str, float]:
-    """``STAGE=PCT`` (``DenoisingStage=30%`` or ``DenoisingStage=30``) -> (stage, percent)."""
+    """``STAGE=PCT`` (``DenoisingStage=30%``) -> (stage, percent)."""
     name, sep, pct = text.partition("=")
     try:
         if not sep or not name.strip():
@@ -91,11 +85,7 @@ def _stage_delay(text: str) -> tuple[str, float]:
 
 
 def parse_indices(text: str) -> list[int]:
-    """``"0,3"`` -> ``[0, 3]`` (0-based measured request indices; 0 is the cold request).
-
-    Raises:
-        ValueError: an entry is not an integer >= 0.
-    """
+    """``"0,3"`` -> ``[0, 3]`` (measured request indices); ValueError: an entry not an integer >= 0."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     for part in parts:
         if not part.isdigit():
@@ -109,8 +99,6 @@ def _o(*flags: str, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
 
 _UNUSED = "accepted as sglang's command line has it; unused (no such port)"
 
-#: The options as (flags, add_argument keywords), in help order: model, compile, warmup and
-#: serving defaults; parallelism; offload, test-only and memory snapshots; logging.
 _OPTIONS = [
     _o("--preset", default="tiny", help="model preset: tiny | ltx-2b (default tiny)"),
     _o("--model-path", help="local diffusers-format checkpoint directory"),
@@ -164,7 +152,7 @@ _OPTIONS = [
         help="N > 1: CFG parallel over N ranks with torch.distributed (NCCL on cuda:0..N-1, gloo "
         "on the CPU); rank 0 serves HTTP and spawns the others (see refengine.dist)",
     ),
-    _o("--master-port", type=int, help=_UNUSED),  # sglang 0.5.23's internal ports
+    _o("--master-port", type=int, help=_UNUSED),
     _o("--scheduler-port", type=int, help=_UNUSED),
     _o(
         "--output-path",
@@ -186,7 +174,7 @@ _OPTIONS = [
         "warmup covers 3); default: --warmup-frames",
     ),
     _o("--dist-init", help="tcp://HOST:PORT of rank 0's rendezvous store (default: 127.0.0.1, a free port)"),
-    _o("--rank", type=int, help=argparse.SUPPRESS),  # set by rank 0 for the others
+    _o("--rank", type=int, help=argparse.SUPPRESS),
     _o("--world-size", type=int, help=argparse.SUPPRESS),
     _o(
         "--placement",
@@ -259,8 +247,7 @@ _OPTIONS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The engine's argument parser, options in help order: model, compile, warmup and serving
-    defaults; parallelism; offload, test-only and memory snapshots; logging."""
+    """The engine's argument parser."""
     p = argparse.ArgumentParser(
         prog="perfkit engine serve",
         description="perfkit reference engine: LTX-Video (diffusers) over HTTP "

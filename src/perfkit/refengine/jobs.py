@@ -1,8 +1,6 @@
-"""A reference engine request and what running it produced (:class:`GenRequest`, sglang's
-/v1/videos fields; :class:`StageResult`, :class:`RunResult`), and one request's job: its
-bookkeeping (:class:`Job`, the job clock: docs/refengine.md), its ``performance.log`` record
-and its ``/v1/videos`` answer. Sizes in pixels, times in ms, memory in MiB.
-"""
+"""A reference engine request, what running it produced, and its job: bookkeeping, its
+``performance.log`` record and ``/v1/videos`` answer (docs/refengine.md, "Serving and jobs").
+Sizes in pixels, times in ms, memory in MiB."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class GenRequest:
-    """One video request (sglang's /v1/videos fields). Sizes in pixels, frames as requested."""
+    """One video request (sglang's /v1/videos fields), frames as requested."""
 
     prompt: str
     num_frames: int
@@ -39,15 +37,12 @@ class GenRequest:
     guidance_scale: float = 3.0
     negative_prompt: str = ""
     fps: int = 24
-    #: stage timing: True / "events", "sync", False / "off" (docs/refengine.md, "Pipeline and timing")
     stage_timing: bool | str = True
 
     @property
     def timing_mode(self) -> str:
-        """``events``, ``sync`` or ``off`` (see :attr:`stage_timing`)."""
-        if self.stage_timing is False or self.stage_timing == "off":
-            return "off"
-        return "sync" if self.stage_timing == "sync" else "events"
+        """``events``, ``sync`` or ``off``."""
+        return {False: "off", "off": "off", "sync": "sync"}.get(self.stage_timing, "events")
 
 
 @dataclass
@@ -62,7 +57,7 @@ class StageResult:
 
 @dataclass
 class RunResult:
-    """What one pipeline run produced: stage timings, steps (ms), compile window, memory."""
+    """What one pipeline run produced (ms, epoch s)."""
 
     stages: list[StageResult] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
@@ -74,22 +69,19 @@ class RunResult:
     latent_shape: list[int] = field(default_factory=list)
     compile: CompileWindow = field(default_factory=CompileWindow)
     video: np.ndarray | None = None
-    #: multi-rank engines: every rank's report (rank order), filled on rank 0 (see refengine.dist)
+    #: multi-rank engines: every rank's report, filled on rank 0
     ranks: list[dict[str, Any]] | None = None
-    #: CFG parallel: per denoising/refinement step, this rank's transformer time and its wait in
-    #: the all_gather (ms, CUDA events; perf_counter on CPU), in call order
+    #: CFG parallel, per step: this rank's transformer time and all_gather wait
     cfg_compute_ms: list[float] = field(default_factory=list)
     cfg_gather_ms: list[float] = field(default_factory=list)
     #: test-only injected slowdown: stage -> [work, injected] ms (thread CPU time on a CPU device)
     injected: dict[str, list[float]] = field(default_factory=dict)
-    #: CPU device: the injected pieces' wall time per stage (ms; the clock a profiler trace shows)
     injected_wall: dict[str, float] = field(default_factory=dict)
 
 
 def run_fields(res: RunResult) -> dict[str, Any]:
     """The fields of a run that a record and a rank report share: sglang's stages, steps and
-    total_duration_ms (ms), then perfkit's refinement steps (ms), each stage's peak allocated
-    (MiB), the compile window (count, ms, reasons, torch's phase ms) and the run's span (epoch s)."""
+    total_duration_ms, then perfkit's refinement steps, stage peaks, compile window and span."""
     c = res.compile
     return {
         "stages": [{"name": s.name, "execution_time_ms": round(s.ms, 3)} for s in res.stages],
@@ -109,8 +101,7 @@ def run_fields(res: RunResult) -> dict[str, Any]:
 
 
 def host_memory() -> dict[str, float | None]:
-    """This process's ``host_rss_mib`` and ``host_anon_mib`` (MiB; anonymous from
-    /proc/self/status RssAnon, None where the kernel has none: "not reported")."""
+    """This process's ``host_rss_mib`` and ``host_anon_mib`` (RssAnon; None where the kernel has none)."""
     anon = None
     with contextlib.suppress(OSError), open("/proc/self/status") as fh:
         anon = next((int(ln.split()[1]) / 1024.0 for ln in fh if ln.startswith("RssAnon:")), None)
@@ -120,8 +111,8 @@ def host_memory() -> dict[str, float | None]:
 
 @dataclass
 class Job:
-    """One request's job: what was asked, its status, and when it was created (submitted),
-    started (the worker took it from the queue) and completed, epoch seconds (``time.time()``)."""
+    """One request's job: what was asked, its status, and when it was created (submitted), started
+    (taken from the queue) and completed, epoch s."""
 
     id: str
     req: GenRequest
@@ -129,28 +120,23 @@ class Job:
     status: str = "queued"
     error: str | None = None
     created: float = field(default_factory=time.time)
-    #: when the worker took the job from the queue and began running it (None: still queued)
     started: float | None = None
     completed: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] | None = None
-    #: frames the pipeline generates (num_frames aligned up to 8k+1)
+    #: num_frames aligned up to 8k+1
     effective_frames: int | None = None
-    #: sglang fields the request set that this engine does not implement
     ignored_fields: list[str] = field(default_factory=list)
-    slowed: bool = False  # the test-only injected slowdown applied to this run
-    #: None (not profiled) or {"all_stages": bool, "num_profiled_timesteps": int | None}
+    slowed: bool = False  # the test-only injected slowdown applied
     profile: dict[str, Any] | None = None
-    #: what the profiler wrote (mode, path, size), for the record
     trace: TraceInfo | None = None
     #: 0-based index among measured requests (0: the cold request); None for the warmup
     measured_index: int | None = None
-    #: the allocator snapshot written after this request (:class:`.profiling.SnapshotRecorder`), if one was asked
     memory_snapshot: dict[str, Any] | None = None
 
 
 def append_line(path: Path, obj: dict[str, Any]) -> None:
-    """Append ``obj`` to ``path`` as one whole JSON line (one ``os.write`` of an O_APPEND fd)."""
+    """Append ``obj`` to ``path`` as one whole JSON line (one ``os.write`` to an O_APPEND fd)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(obj, default=_json_default) + "\n").encode())
@@ -171,11 +157,8 @@ def job_record(
     info: dict[str, Any],
     commit_hash: str | None,
 ) -> dict[str, Any]:
-    """The ``performance.log`` object of one finished job: sglang's per-request layout
-    (request_id, timestamp, commit_hash, tag, stages, steps, total_duration_ms,
-    memory_snapshots in MiB) plus the ``perfkit`` object (shape, compiles, host memory in MiB,
-    stage spans, and the job's ``t_submitted``/``t_started``/``t_completed`` in epoch seconds).
-    ``snapshots``: the engine's load/warmup snapshots; ``peak``: this run's runtime peak."""
+    """The ``performance.log`` object of one finished job: sglang's per-request layout plus the
+    ``perfkit`` object. ``snapshots``: the engine's load/warmup snapshots; ``peak``: this run's."""
     snaps = {k: v for k, v in snapshots.items() if v is not None}
     if peak is not None:
         snaps["runtime_peak"] = peak
@@ -201,7 +184,7 @@ def job_record(
     }
     if "debug_stage_delay_pct" in info:
         pk["debug_stage_delay_applied"] = job.slowed
-        if res is not None and res.injected:  # stage -> [its own work, busy time added] (ms)
+        if res is not None and res.injected:
             pk["debug_stage_delay_ms"] = {k: [round(x, 3) for x in v] for k, v in res.injected.items()}
         if res is not None and res.injected_wall:
             pk["debug_stage_delay_wall_ms"] = {k: round(v, 3) for k, v in res.injected_wall.items()}
@@ -210,27 +193,25 @@ def job_record(
         pk["request_index"] = job.measured_index
     if job.memory_snapshot is not None:
         pk["memory_snapshot"] = job.memory_snapshot
-    if job.trace is not None:  # sglang's profile fields: what was profiled and where it went
-        pk["profile"] = {**dataclasses.asdict(job.trace), "rank": 0}  # traced by the serving rank 0
+    if job.trace is not None:  # traced by the serving rank 0
+        pk["profile"] = {**dataclasses.asdict(job.trace), "rank": 0}
     if res is not None:
         run = run_fields(res)
-        rec.update({k: run.pop(k) for k in ("stages", "steps", "total_duration_ms")})  # sglang's
+        rec.update({k: run.pop(k) for k in ("stages", "steps", "total_duration_ms")})
         pk.update(
-            {
-                "num_frames_effective": res.effective_frames,
-                "latent_shape": res.latent_shape,
-                "latent_frames": res.latent_shape[1] if res.latent_shape else None,
-                **run,
-                "recompile_limit_hit": res.compile.limit_hit,
-                "recompile_limit_stage": res.compile.limit_stage,
-                "compile_by_stage": {
-                    k: {**v, "compile_ms": round(v["compile_ms"], 3)} for k, v in res.compile.by_stage.items()
-                },
-                "stage_peak_reserved_mb": {
-                    s.name: round(s.peak_reserved_mb, 2) for s in res.stages if s.peak_reserved_mb is not None
-                },
-                "stage_spans": [{"name": s.name, "t_start": s.t_start, "t_end": s.t_end} for s in res.stages],
-            }
+            num_frames_effective=res.effective_frames,
+            latent_shape=res.latent_shape,
+            latent_frames=res.latent_shape[1] if res.latent_shape else None,
+            **run,
+            recompile_limit_hit=res.compile.limit_hit,
+            recompile_limit_stage=res.compile.limit_stage,
+            compile_by_stage={
+                k: {**v, "compile_ms": round(v["compile_ms"], 3)} for k, v in res.compile.by_stage.items()
+            },
+            stage_peak_reserved_mb={
+                s.name: round(s.peak_reserved_mb, 2) for s in res.stages if s.peak_reserved_mb is not None
+            },
+            stage_spans=[{"name": s.name, "t_start": s.t_start, "t_end": s.t_end} for s in res.stages],
         )
         if res.compile.limit_hit:
             log.warning(
@@ -249,8 +230,7 @@ def job_record(
 
 def job_body(job: Job) -> dict[str, Any]:
     """The /v1/videos answer: sglang's video object plus ``started_at``, ``perfkit_times`` (the
-    job's clock, epoch s) and the effective shape (``num_frames`` aligned, ``num_frames_requested``,
-    ``alignment_note``: ``"num_frames 24 aligned up to 25 (LTX: 8k+1 frames)"``, else empty)."""
+    job's clock, epoch s) and the effective shape."""
     body: dict[str, Any] = {"id": job.id, "object": "video", "status": job.status}
     body.update({"created_at": int(job.created), "error": job.error})
     if job.started is not None:
@@ -261,7 +241,6 @@ def job_body(job: Job) -> dict[str, Any]:
     effective = job.effective_frames if job.effective_frames is not None else r.num_frames
     note = f"num_frames {r.num_frames} aligned up to {effective} (LTX: 8k+1 frames)"
     body.update(
-        # sglang's *_at are whole seconds; the job's clock to the microsecond (sub-second queue waits)
         perfkit_times={"submitted": job.created, "started": job.started, "completed": job.completed},
         num_frames=effective,
         num_frames_requested=r.num_frames,
@@ -273,7 +252,7 @@ def job_body(job: Job) -> dict[str, Any]:
         ignored_fields=job.ignored_fields,
     )
     if job.result is not None:
-        # no duration (failed before its stages ran): None, as sglang's failed jobs, never 0 s
+        # failed before its stages ran: None, as sglang's failed jobs, never 0 s
         ms = job.result["total_duration_ms"]
         body["inference_time_s"] = None if ms is None else ms / 1000.0
     return body

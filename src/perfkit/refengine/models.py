@@ -1,10 +1,6 @@
-"""Model construction for the reference engine: diffusers LTX-Video components with seeded
-weights (:func:`build_preset`), or a local diffusers-format checkpoint (:func:`load_checkpoint`);
-nothing is fetched from a model hub (docs/refengine.md, "Models"). Their placement on the device
-(:func:`place_components`): offload modes ``none``, ``model``, ``group-block``, ``group-leaf`` per
-component, under a memory cap (:data:`CAP_ENV_VARS`) or as asked (docs/refengine.md, "Placement
-and offload").
-"""
+"""The reference engine's models: diffusers LTX-Video components with seeded weights or from a
+local checkpoint, and their placement and offload on the device (docs/refengine.md, "Models" and
+"Placement and offload")."""
 
 from __future__ import annotations
 
@@ -33,15 +29,13 @@ _CORPUS = (
 
 @dataclass
 class Preset:
-    """A model configuration: kwargs of ``LTXVideoTransformer3DModel``, ``AutoencoderKLLTXVideo``,
-    ``transformers.T5Config`` and ``LTXLatentUpsamplerModel``; prompt tokens fed to the text
-    encoder; serving defaults (pixels, steps, frames; ltx-2b's); the weight dtype on GPU (CPU
-    always runs float32)."""
+    """A model configuration: the components' constructor kwargs (absent: diffusers' defaults),
+    prompt tokens, serving defaults (ltx-2b's) and the weight dtype on GPU (CPU runs float32)."""
 
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
-    text_encoder: dict[str, Any]
-    upsampler: dict[str, Any]
+    transformer: dict[str, Any] = field(default_factory=dict)
+    vae: dict[str, Any] = field(default_factory=dict)
+    text_encoder: dict[str, Any] = field(default_factory=dict)
+    upsampler: dict[str, Any] = field(default_factory=dict)
     max_sequence_length: int = 128
     height: int = 512
     width: int = 768
@@ -83,21 +77,12 @@ PRESETS: dict[str, Preset] = {
     ),
     # diffusers' default LTX-Video transformer (~1.9 B parameters), full-size VAE, T5-XXL encoder.
     "ltx-2b": Preset(
-        transformer=dict(),
-        vae=dict(),
         text_encoder=dict(
-            d_model=4096,
-            d_kv=64,
-            d_ff=10240,
-            num_layers=24,
-            num_heads=64,
-            feed_forward_proj="gated-gelu",
-            relative_attention_num_buckets=32,
+            d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu"
         ),
-        upsampler=dict(),  # serving defaults: Preset's (512x768, 30 steps, 25 frames, bfloat16)
     ),
 }
-if tuple(PRESETS) != PRESET_NAMES:  # the leaf module names them for validation without torch
+if tuple(PRESETS) != PRESET_NAMES:
     raise ImportError(
         f"perfkit.common.frames.PRESET_NAMES {PRESET_NAMES} != refengine presets {tuple(PRESETS)}"
     )
@@ -115,21 +100,18 @@ class Components:
     upsampler: torch.nn.Module | None
     preset: Preset
     source: str
-    #: bytes of parameters per component (computed from the modules)
     param_bytes: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        mods = {k: getattr(self, k) for k in ("transformer", "vae", "text_encoder", "upsampler")}
         self.param_bytes = {
-            k: sum(t.numel() * t.element_size() for t in m.parameters())
-            for k, m in mods.items()
-            if m is not None
+            k: sum(t.numel() * t.element_size() for t in getattr(self, k).parameters())
+            for k in ("transformer", "vae", "text_encoder", "upsampler")
+            if getattr(self, k) is not None
         }
 
 
 def build_tokenizer(vocab_size: int, max_length: int):
-    """A small BPE tokenizer trained locally: ``transformers.PreTrainedTokenizerFast`` with
-    ``<pad>``, ``</s>`` and ``<unk>``."""
+    """A small BPE ``PreTrainedTokenizerFast`` trained locally, with ``<pad>``, ``</s>`` and ``<unk>``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -170,10 +152,9 @@ def _materialise(cls_factory, seed: int, device: torch.device, dtype: torch.dtyp
 
     with init_empty_weights(include_buffers=False):
         model = cls_factory()
-    # buffers were built for real (e.g. the VAE's latents_mean/std): keep their values
+    # real buffers (the VAE's latents_mean/std) keep their values
     buffers = {n: b.detach().clone() for n, b in model.named_buffers() if b.device.type != "meta"}
-    # still on meta: no memory touched yet. torch's own Module.to: diffusers' override warns on
-    # every cast about modules to keep in float32, even when it lists none ("[]")
+    # torch's Module.to: diffusers' override warns on every cast, even with no module kept in float32
     keep = list(getattr(model, "_keep_in_fp32_modules", None) or [])
     model = model.to(dtype) if keep else torch.nn.Module.to(model, dtype)
     model = model.to_empty(device=device)
@@ -203,8 +184,7 @@ def _modules(p: Preset, two_stage: bool, build: Callable[[Callable[[], Any], int
 def build_preset(
     name: str, dtype: torch.dtype, seed: int = 0, two_stage: bool = False, device: str | torch.device = "cpu"
 ) -> Components:
-    """Build preset ``name``'s components (a key of :data:`PRESETS`) with seeded random weights
-    on ``device``."""
+    """Preset ``name``'s components with seeded random weights on ``device``."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     p = PRESETS[name]
@@ -230,8 +210,7 @@ def estimate_param_bytes(name: str, dtype: torch.dtype, two_stage: bool = False)
 
     with init_empty_weights():
         mods = [m for m in _modules(PRESETS[name], two_stage, lambda make, _k: make()) if m is not None]
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(t.numel() for m in mods for t in m.parameters()) * size
+    return sum(t.numel() for m in mods for t in m.parameters()) * dtype.itemsize
 
 
 def ltx_pipeline(c: Components) -> Any:
@@ -259,13 +238,8 @@ def save_checkpoint(c: Components, path: str | Path) -> Path:
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype, two_stage: bool = False, preset: str = "tiny"
 ) -> Components:
-    """Load a local diffusers-format LTX-Video checkpoint directory (the latent upsampler from
-    ``path/latent_upsampler`` with ``two_stage``); serving defaults from ``preset``.
-
-    Raises:
-        FileNotFoundError: the directory or its ``model_index.json`` is missing, or
-            ``two_stage`` is set and ``latent_upsampler/`` is missing.
-    """
+    """A local diffusers-format LTX-Video checkpoint (``two_stage``: with ``latent_upsampler/``);
+    serving defaults from ``preset``. FileNotFoundError: ``model_index.json`` or the upsampler missing."""
     from diffusers import LTXPipeline
     from diffusers.pipelines.ltx.modeling_latent_upsampler import LTXLatentUpsamplerModel
 
@@ -299,24 +273,17 @@ GIB = 2**30
 AUTO_OFFLOAD_ORDER = ("text_encoder", "transformer")
 #: Offload modes of the transformer under which torch.compile is kept (diffusers PR #11605).
 COMPILE_COMPATIBLE = ("none", "group-block")
-#: dynamo recompile limit set for a compiled block-level offloaded transformer when none is
-#: given: each of its blocks is a separate graph of the same code (diffusers' test
-#: ``test_compile_with_group_offloading`` raises the limit for the same reason).
+#: dynamo recompile limit for a compiled block-level offloaded transformer (a graph per block)
 GROUP_COMPILE_RECOMPILE_LIMIT = 1024
-#: Execution order of every component that can be placed (model offload chains them so).
+#: Execution order of the components (model offload chains them so).
 _ORDER = ("text_encoder", "transformer", "upsampler", "vae")
-#: Submodules whose blocks are the groups of block-level offload, per component (absent: the
-#: component's own ``ModuleList`` children; diffusers' ``block_modules`` argument).
+#: diffusers' ``block_modules`` of block-level offload per component (absent: its own ``ModuleList``)
 _BLOCK_MODULES: dict[str, list[str] | None] = {"text_encoder": ["encoder"], "vae": ["decoder"]}
 
 
 def apply_device_cap(device: torch.device) -> float | None:
-    """The device cap in GiB from the environment (first of :data:`CAP_ENV_VARS` set; None: no
-    cap), applied on CUDA as the per-process memory fraction ``cap / total``.
-
-    Raises:
-        ValueError: when the variable is not a positive number (names the variable).
-    """
+    """The device cap (GiB) of the first of :data:`CAP_ENV_VARS` set, else None; applied on CUDA as
+    the memory fraction ``cap / total``. ValueError naming the variable: not a positive number."""
     var = next((v for v in CAP_ENV_VARS if os.environ.get(v)), None)
     if var is None:
         return None
@@ -339,12 +306,9 @@ def apply_device_cap(device: torch.device) -> float | None:
 def auto_modes(
     param_bytes: Mapping[str, int], cap_gib: float | None, requested: Mapping[str, str | None] | None = None
 ) -> dict[str, str]:
-    """component -> its mode: the requested one, else ``none``, or ``group-leaf`` for the
-    components of :data:`AUTO_OFFLOAD_ORDER` that must leave the device, one at a time, for the
-    resident weights (bytes per component; a requested ``none`` counts, the upsampler with the
-    VAE) to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib`` (None: all resident). Example: ltx-2b in bf16
-    (text encoder 9.1 GiB, transformer 3.6 GiB, VAE 0.8 GiB) under a 12 GiB cap offloads the
-    text encoder only; under 4 GiB the transformer too."""
+    """component -> mode: the requested one, else ``none``, or ``group-leaf`` for those of
+    :data:`AUTO_OFFLOAD_ORDER` that must leave, one at a time, for the resident weights (bytes; the
+    upsampler counts with the VAE) to fit ``WEIGHTS_SHARE_OF_CAP * cap_gib`` (None: no cap)."""
     req = dict(requested or {})
     out = {c: req.get(c) or "none" for c in COMPONENTS}
     if cap_gib is None:
@@ -362,30 +326,16 @@ def auto_modes(
     return out
 
 
-def _summary(device: torch.device, modes: Mapping[str, str]) -> str:
-    if device.type == "cpu":
-        return "cpu"
-    if any(m.startswith("group-") for m in modes.values()):
-        return "group_offload"
-    if any(m == "model" for m in modes.values()):
-        return "model_offload"
-    return "device"
-
-
 def place_components(
     comps: Components,
     device: torch.device,
     cap_gib: float | None,
     requested: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """Place every component by its mode (the requested one, else :func:`auto_modes`; the
-    upsampler follows the VAE; on a CPU device only ``none``, as the command line checked).
-    Returns the engine facts (``/v1/models``, each record's ``perfkit``): ``placement`` (``cpu``,
-    ``device``, ``group_offload`` when any component is group-offloaded, else
-    ``model_offload``); per component ``placement_by_component`` (the device, ``"cuda:0"``, when
-    resident, else ``"cpu->cuda:0"``), ``offload`` (the mode applied), ``offload_requested``
-    (None: automatic) and ``offload_streams`` (group offload prefetches on a CUDA stream), and
-    ``offload_use_stream`` (any of them)."""
+    """Place every component by its mode (requested, else :func:`auto_modes`; the upsampler follows
+    the VAE). Returns the engine facts: ``placement`` (``cpu``, ``device``, ``group_offload``,
+    ``model_offload``); per component ``placement_by_component`` (``"cuda:0"`` or ``"cpu->cuda:0"``),
+    ``offload``, ``offload_requested`` (None: automatic), ``offload_streams``; ``offload_use_stream``."""
     req = {c: (requested or {}).get(c) for c in COMPONENTS}
     modes = auto_modes(comps.param_bytes, cap_gib if device.type == "cuda" else None, req)
     if comps.upsampler is not None:
@@ -411,33 +361,32 @@ def place_components(
         else:
             from diffusers.hooks import apply_group_offloading
 
-            level = "block_level" if mode == "group-block" else "leaf_level"
-            kw: dict[str, object] = {}
-            if level == "block_level":
-                kw["num_blocks_per_group"] = 1
+            kw: dict[str, Any] = {"offload_type": "leaf_level"}
+            if mode == "group-block":
+                kw = {"offload_type": "block_level", "num_blocks_per_group": 1}
                 if _BLOCK_MODULES.get(comp):
                     kw["block_modules"] = _BLOCK_MODULES[comp]
             apply_group_offloading(
-                m,
-                onload_device=device,
-                offload_device=torch.device("cpu"),
-                offload_type=level,
-                use_stream=streams[comp],
-                **kw,
+                m, onload_device=device, offload_device=torch.device("cpu"), use_stream=streams[comp], **kw
             )
     if chain:
         from accelerate import cpu_offload_with_hook
 
-        hooks = []
-        prev = None
+        hooks, prev = [], None
         for comp in chain:
             _, prev = cpu_offload_with_hook(getattr(comps, comp), device, prev_module_hook=prev)
             hooks.append(prev)
         if len(hooks) > 1:  # close the cycle: the first component offloads the last one
             hooks[0].hook.prev_module_hook = hooks[-1]
+    if device.type == "cpu":
+        where = "cpu"
+    elif any(m.startswith("group-") for m in modes.values()):
+        where = "group_offload"
+    else:
+        where = "model_offload" if "model" in modes.values() else "device"
     dev = str(device)
     return {
-        "placement": _summary(device, modes),
+        "placement": where,
         "placement_by_component": {k: dev if m == "none" else f"cpu->{dev}" for k, m in modes.items()},
         "offload": modes,
         "offload_requested": req,

@@ -1,7 +1,5 @@
-"""The staged LTX-Video pipeline (:class:`StagedPipeline`): sglang's stage names, each stage's
-and step's time (ms) and peak memory (MiB), and the test-only injected slowdown
-(``--debug-stage-delay``). Rules and sources: docs/refengine.md, "Pipeline and timing".
-"""
+"""The staged LTX-Video pipeline: sglang's stage names, each stage's and step's time (ms) and peak
+memory (MiB), and the test-only injected slowdown (docs/refengine.md, "Pipeline and timing")."""
 
 from __future__ import annotations
 
@@ -26,16 +24,9 @@ from perfkit.refengine.profiling import (
 
 
 class StagedPipeline:
-    """Runs LTX-Video requests stage by stage on one device, over placed (and maybe compiled)
-    components.
-
-    Args:
-        two_stage: run half resolution + UpsampleStage + RefinementStage (``refine_steps``).
-        compile_watch: counts the torch.compile compilations of each request.
-        cfg_parallel: this rank's :class:`~perfkit.refengine.dist.CfgParallel` (``--num-gpus``
-            > 1): each rank computes one guidance branch per step and the predictions are
-            gathered; only rank 0 decodes. None: one process computes both branches as a batch.
-    """
+    """Runs LTX-Video requests stage by stage on one device, over placed components.
+    ``cfg_parallel``: this rank's :class:`~perfkit.refengine.dist.CfgParallel` (None: one process
+    computes both guidance branches as a batch)."""
 
     def __init__(
         self,
@@ -62,10 +53,8 @@ class StagedPipeline:
         self.cfg_parallel = cfg_parallel
         #: test-only ``--debug-stage-delay``: stage -> fraction of its own work added (``slow=True`` runs)
         self.stage_delay: dict[str, float] = {}
-        # CUDA injection: ms estimate per stage (kept across requests)
-        self._inj_est: dict[str, float] = {}
+        self._inj_est: dict[str, float] = {}  # CUDA injection: ms estimate per stage
         self._sleep_cpms: float | None = None
-        #: the running request's profiler (sglang's ``profile`` field), set by the engine
         self.profiler: RequestProfiler | None = None
 
     def _sync(self) -> None:
@@ -86,7 +75,7 @@ class StagedPipeline:
             a = torch.tanh(a @ a)
 
     def _mark(self) -> Any:
-        """Start of a piece the slowdown is sized by: a CUDA event (no sync), else :meth:`_clock`."""
+        """Start of a piece the slowdown is sized by: a CUDA event, else :meth:`_clock`."""
         return self._event() if self.is_cuda else self._clock()
 
     def _cycles_per_ms(self) -> float:
@@ -153,7 +142,7 @@ class StagedPipeline:
         try:
             with maybe_range(self.profiler, f"STAGE {REGISTERED_NAMES.get(name, name)}"):
                 yield
-                # a stage with denoising steps has its slowdown injected per step (step times scale too)
+                # a stage with denoising steps has its slowdown injected per step
                 if name not in ("DenoisingStage", "RefinementStage"):
                     self._inject(self._slow.get(name, 0.0), mark, name)
             if timing and not events:
@@ -196,10 +185,8 @@ class StagedPipeline:
         rope = (self.temporal / req.fps, self.spatial, self.spatial)
         dims = {"num_frames": n_lat, "height": h_lat, "width": w_lat, "rope_interpolation_scale": rope}
         sched = self._active_sched
-        # CUDA: events between steps, no host sync per step (docs/refengine.md)
         events = [self._event()] if timing and self.is_cuda else []
         par = self.cfg_parallel
-        # sglang's profiler schedule advances on denoising steps only
         profiler = self.profiler if stage == "DenoisingStage" else None
         for t in timesteps:
             t0 = time.perf_counter()
@@ -211,7 +198,7 @@ class StagedPipeline:
                 if cfg:
                     uncond, text = noise.chunk(2)
                     noise = uncond + guidance * (text - uncond)
-            else:  # one branch here, the other on the peer rank; gathered and combined
+            else:
                 noise = par.noise(
                     lambda x, e, m, t=t: self._predict(x.to(e.dtype), e, m, t, dims),
                     latents,
@@ -265,21 +252,15 @@ class StagedPipeline:
 
     @torch.no_grad()
     def run(self, req: GenRequest, keep_output: bool = False, slow: bool = False) -> RunResult:
-        """Run one request. Returns timings, compile window and (optionally) the frames.
-        ``slow``: apply the test-only :attr:`stage_delay` (measured requests only).
-
-        Raises:
-            torch.OutOfMemoryError: when the device runs out of memory (the caller reports it).
-        """
+        """Run one request: timings, compile window and (``keep_output``) the frames; ``slow``: apply
+        the test-only :attr:`stage_delay`. Raises torch.OutOfMemoryError (the caller reports it)."""
         out = RunResult()
         self._run = out
         self._slow = dict(self.stage_delay) if slow else {}
-        # CUDA-injected (stage, start, end, busy start, busy end) pieces and the event-timed
-        # stages/steps of this request, resolved after it (see _resolve)
-        self._inj_pieces: list = []
         timing = {"off": False, "events": "events", "sync": "sync"}[req.timing_mode]
-        self._pending: list = []
-        self._pending_steps: list = []
+        # CUDA-injected (stage, start, end, busy start, busy end) pieces, event-timed stages and
+        # steps: resolved after the request
+        self._inj_pieces, self._pending, self._pending_steps = [], [], []
         self._request_event = self._event() if timing == "events" and self.is_cuda else None
         pipe = self.pipe
         frames = align_frames(req.num_frames, self.temporal)
@@ -354,15 +335,7 @@ class StagedPipeline:
         return embeds, mask
 
     def _upsample_and_refine(
-        self,
-        latents: Any,
-        embeds: Any,
-        mask: Any,
-        shape: tuple[int, int, int],
-        req: GenRequest,
-        out: RunResult,
-        timing: bool | str,
-        gen: torch.Generator,
+        self, latents, embeds, mask, shape, req, out, timing, gen
     ) -> tuple[Any, int, int]:
         """UpsampleStage and RefinementStage: (latents, latent height, latent width)."""
         pipe, vae = self.pipe, self.c.vae

@@ -1,8 +1,6 @@
-"""Per-request torch.profiler traces with sglang 0.5.23's profiling fields and file names
-(docs/below-the-stage.md, "How traces are taken and read"), torch.compile compilations per
-request (docs/refengine.md, "Compilations"), and device memory: snapshots (MiB) and allocator
-snapshot files on request boundaries (CUDA only).
-"""
+"""Per-request torch.profiler traces as sglang 0.5.23 takes them (docs/below-the-stage.md),
+torch.compile compilations per request (docs/refengine.md, "Compilations"), and device memory
+snapshots (MiB) and allocator snapshot files (CUDA only)."""
 
 from __future__ import annotations
 
@@ -25,40 +23,29 @@ DEFAULT_PROFILED_STEPS = 5
 MAX_PROFILED_STEPS = 1000
 #: the warm-up steps sglang's schedule discards, added to the active (recorded) steps
 WARMUP_STEPS = 1
-#: stage -> the name sglang 0.5.23 registers it under (others: the class name), for the
-#: ``STAGE <name>`` ranges
+#: stage -> the name sglang 0.5.23 registers it under (others: the class name)
 REGISTERED_NAMES = {"DenoisingStage": "denoising_stage", "DecodingStage": "decoding_stage"}
 #: directory variables, in the order sglang reads them; then ``./logs``
 DIR_VARIABLES = ("SGLANG_DIFFUSION_TORCH_PROFILER_DIR", "SGLANG_TORCH_PROFILER_DIR")
-DEFAULT_DIR = "./logs"
-#: the range the test-only injected slowdown runs in (``--debug-stage-delay``)
 INJECTED_RANGE = "perfkit::debug_stage_delay"
 
 
 def trace_dir(environ: dict[str, str] | None = None) -> Path:
     """Where traces go: the first of :data:`DIR_VARIABLES` set and not empty, else ``./logs``."""
     env = os.environ if environ is None else environ
-    return Path(next((env[name] for name in DIR_VARIABLES if env.get(name)), DEFAULT_DIR))
+    return Path(next((env[name] for name in DIR_VARIABLES if env.get(name)), "./logs"))
 
 
 def profile_mode(all_stages: bool, num_profiled_timesteps: int | None, num_inference_steps: int) -> str:
-    """sglang's mode id, spaces as underscores: ``full_stages`` or ``{N}_steps`` (N: the asked
-    steps, default 5, ``-1`` -> ``num_inference_steps``).
-
-    Raises:
-        ValueError: ``num_profiled_timesteps`` is 0 or below -1.
-    """
+    """sglang's mode id: ``full_stages`` or ``{N}_steps`` (:func:`profiled_steps`)."""
     if all_stages:
         return "full_stages"
     return f"{profiled_steps(num_profiled_timesteps, num_inference_steps)}_steps"
 
 
 def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int) -> int:
-    """Steps to record: the request's ``num_profiled_timesteps`` (None: 5; -1: every step).
-
-    Raises:
-        ValueError: 0, below -1 or above :data:`MAX_PROFILED_STEPS` (names the field).
-    """
+    """Steps to record: ``num_profiled_timesteps`` (None: 5; -1: every step). ValueError naming
+    the field: 0, below -1 or above :data:`MAX_PROFILED_STEPS`."""
     n = DEFAULT_PROFILED_STEPS if num_profiled_timesteps is None else num_profiled_timesteps
     if n == -1:
         return num_inference_steps
@@ -71,9 +58,7 @@ def profiled_steps(num_profiled_timesteps: int | None, num_inference_steps: int)
 
 @dataclass
 class TraceInfo:
-    """What one profiled request left: ``mode``, absolute ``path``, ``size_bytes``,
-    ``steps_recorded`` (``N_steps``: the ``ProfilerStep`` ranges, N+1 or fewer; ``full_stages``:
-    the denoising steps), ``error`` (why no trace was written, else None)."""
+    """What one profiled request left (``error``: why no trace was written)."""
 
     mode: str
     path: str | None
@@ -83,8 +68,7 @@ class TraceInfo:
 
 
 class RequestProfiler:
-    """torch.profiler around one request, with sglang's modes and file name, into
-    :func:`trace_dir`; ``all_stages`` and ``num_profiled_timesteps``: sglang's request fields."""
+    """torch.profiler around one request, with sglang's modes and file name, into :func:`trace_dir`."""
 
     def __init__(
         self,
@@ -114,14 +98,8 @@ class RequestProfiler:
         self._prof.start()
         log.info("profiling request %s (%s) into %s", request_id, self.mode, self.directory)
 
-    @property
-    def file_name(self) -> str:
-        """``{request_id}-{mode}-global-rank0.trace.json.gz`` (the serving process is rank 0)."""
-        return f"{self.request_id}-{self.mode}-global-rank0.trace.json.gz"
-
     def denoising_step_done(self) -> None:
-        """After one denoising step (sglang's ``step_denoising_step``): advance the schedule, or
-        stop once it is done; ``full_stages`` only counts."""
+        """After one denoising step (sglang's ``step_denoising_step``): advance the schedule or stop."""
         if self.all_stages:
             self.steps_recorded += 1
             return
@@ -136,8 +114,7 @@ class RequestProfiler:
             self._prof.stop()
 
     def finish(self) -> TraceInfo:
-        """Stop and write the gzipped Chrome trace. Never raises: a failure to write is the
-        returned :attr:`TraceInfo.error` (the request itself stands)."""
+        """Stop and write the gzipped Chrome trace; never raises (a failure is :attr:`TraceInfo.error`)."""
         try:
             if not self._stopped:
                 self._stopped = True
@@ -145,12 +122,12 @@ class RequestProfiler:
                     torch.cuda.synchronize()
                 self._prof.stop()
             self.directory.mkdir(parents=True, exist_ok=True)
-            path = (self.directory / self.file_name).resolve()
+            path = (self.directory / f"{self.request_id}-{self.mode}-global-rank0.trace.json.gz").resolve()
             self._prof.export_chrome_trace(str(path))  # .gz: torch writes it gzipped
             size = path.stat().st_size
             log.info("saved profiler trace of %s to %s (%d bytes)", self.request_id, path, size)
             return TraceInfo(self.mode, str(path), size, self.steps_recorded)
-        except Exception as exc:  # noqa: BLE001 - a trace that cannot be written must not fail the request
+        except Exception as exc:  # noqa: BLE001 - must not fail the request
             log.exception("could not write the profiler trace of %s", self.request_id)
             return TraceInfo(self.mode, None, None, self.steps_recorded, f"{type(exc).__name__}: {exc}")
 
@@ -162,9 +139,8 @@ def maybe_range(profiler: RequestProfiler | None, name: str) -> ContextManager[A
 
 @dataclass
 class CompileWindow:
-    """What compiled inside one window (a request): compilations, their wall time (ms), failed
-    guard lines, the recompile limit hit (in which stage), the same per stage (``by_stage``), and
-    ``phases_ms``: torch's ``dynamo_timed`` name -> ms inside the window (names nest)."""
+    """What compiled inside one window (a request), also per stage; ``phases_ms``: torch's
+    ``dynamo_timed`` name -> ms inside the window (names nest)."""
 
     compiles: int = 0
     compile_ms: float = 0.0
@@ -207,10 +183,8 @@ class CompileWatch:
         self._lock = threading.Lock()
         self._starts: dict[str, float] = {}
         self._current: CompileWindow | None = None
-        #: len of each of torch's compile timers when the window began
-        self._phase_marks: dict[str, int] = {}
+        self._phase_marks: dict[str, int] = {}  # len of each of torch's timers at the window's start
         self._seen_reasons: set[tuple[str, str]] = set()
-        #: the pipeline stage running now (set by the pipeline around each stage)
         self.stage: str | None = None
         handler = torch._dynamo.callback.callback_handler
         handler.register_start_callback(self._on_start)
@@ -259,7 +233,7 @@ class CompileWatch:
             w._stage_entry(self.stage)["reasons"].append(reason[:300])
 
     def begin(self) -> CompileWindow:
-        """Start a window; returns it (filled in as compilations happen)."""
+        """Start a window; returns it."""
         with self._lock:
             self._seen_reasons.clear()
             self._current = CompileWindow()
@@ -303,7 +277,7 @@ def snapshot(device: torch.device) -> dict[str, float] | None:
 
 
 def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Checkpoint -> field -> max across ranks (sglang reports the max of memory across ranks)."""
+    """Checkpoint -> field -> max across ranks (as sglang reports memory)."""
     out: dict[str, dict[str, float]] = {}
     for snaps in per_rank:
         for ck, vals in (snaps or {}).items():
@@ -314,15 +288,13 @@ def max_snapshots(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict
     return out
 
 
-#: what the record says on a device with no caching allocator to snapshot
 NOT_ON_CPU = "not available on cpu"
 
 
 @dataclass
 class SnapshotRecorder:
     """Dumps an allocator snapshot (``out_dir/request-<index>.pickle``, CUDA only) after the
-    measured requests ``after`` (0-based; 0: the cold request); ``max_entries``: trace entries
-    torch's ring buffer keeps, which bounds the file size."""
+    measured requests ``after`` (0: the cold request); ``max_entries`` bounds the file size."""
 
     device: torch.device
     after: list[int]
@@ -330,7 +302,7 @@ class SnapshotRecorder:
     max_entries: int = 20000
 
     def start(self) -> None:
-        """Start recording (CUDA only; Python stacks: C++ symbolisation costs seconds per dump)."""
+        """Start recording (CUDA; Python stacks: C++ symbolisation costs seconds per dump)."""
         if self.device.type != "cuda" or not self.after:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -342,9 +314,8 @@ class SnapshotRecorder:
         )
 
     def after_request(self, index: int) -> dict[str, Any] | None:
-        """The record's ``memory_snapshot`` entry for measured request ``index``: None when it
-        was not chosen; ``{request_index, error}`` off CUDA or when the dump failed;
-        ``{request_index, path, bytes, max_entries, stacks}`` once the file is written."""
+        """The record's ``memory_snapshot`` for measured request ``index`` (None: not chosen):
+        ``{request_index, error}`` or ``{request_index, path, bytes, max_entries, stacks}``."""
         if index not in self.after:
             return None
         if self.device.type != "cuda":

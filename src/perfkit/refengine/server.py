@@ -1,8 +1,6 @@
-"""HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol
-(:class:`VideoRequest`, :data:`SGLANG_VIDEO_FIELDS`): :class:`Engine` runs one request at a time
-on a worker thread and appends each run's record to ``performance.log``. Endpoints and rules:
-docs/refengine.md, "Serving and jobs"; profiled requests: docs/below-the-stage.md.
-"""
+"""HTTP front of the reference engine (FastAPI), speaking sglang's /v1/videos protocol:
+:class:`Engine` runs one request at a time and appends each run's record to ``performance.log``
+(docs/refengine.md, "Serving and jobs"; profiled requests: docs/below-the-stage.md)."""
 
 from __future__ import annotations
 
@@ -40,25 +38,22 @@ from perfkit.refengine.profiling import (
 log = logging.getLogger(__name__)
 
 
-#: the fields this engine acts on (the rest of :data:`SGLANG_VIDEO_FIELDS` is accepted and ignored)
+#: the fields this engine acts on (the rest of :data:`SGLANG_VIDEO_FIELDS` is ignored)
 USED_FIELDS = frozenset(
     "prompt num_frames seconds height width size num_inference_steps seed guidance_scale negative_prompt "
     "fps n num_outputs_per_prompt profile num_profiled_timesteps profile_all_stages perfkit_stage_timing".split()
 )
-#: frames per second when the request gives none (what the pipeline's RoPE scaling assumes)
 DEFAULT_FPS = 24
-#: most denoising steps a request may ask for: LTX-Video's flow-match scheduler is trained on
-#: 1000 timesteps (diffusers ``FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)``)
+#: most denoising steps a request may ask for: the scheduler's 1000 training timesteps
 MAX_STEPS = 1000
 
 
 class _VideoRequestBase(BaseModel):
-    # allow_inf_nan=False: a NaN guidance_scale (Python's JSON reads it) would pass "must be >= 0"
+    # a NaN guidance_scale would pass "must be >= 0"
     model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
 
     def ignored_fields(self) -> list[str]:
-        """sglang fields this request sets to something other than their default that the
-        reference engine does not implement (they do not change what it computes)."""
+        """sglang fields this request sets, off their default, that this engine does not implement."""
         fields = type(self).model_fields
         return [
             n for n in sorted(self.model_fields_set - USED_FIELDS) if getattr(self, n) != fields[n].default
@@ -66,10 +61,7 @@ class _VideoRequestBase(BaseModel):
 
 
 _S, _I, _F = Optional[str], Optional[int], Optional[float]
-#: VideoRequest's fields in sglang's order, then perfkit's own: names (one key may hold several)
-#: -> (type, default or Field). ``seconds``: frames = seconds x fps when num_frames is not given;
-#: ``size``: "WIDTHxHEIGHT" when height and width are not; the profiling fields are strict
-#: ("yes", 1 or "5" is a 400).
+#: VideoRequest's fields in sglang's order, then perfkit's: names (space-separated) -> (type, default)
 _FIELDS: dict[str, tuple[Any, Any]] = {
     "prompt": (str, Field(min_length=1)),
     "input_reference reference_url video_path video_url model": (_S, None),
@@ -104,44 +96,27 @@ _FIELDS: dict[str, tuple[Any, Any]] = {
     "profile": (Optional[StrictBool], False),
     "num_profiled_timesteps": (Optional[StrictInt], None),
     "profile_all_stages": (Optional[StrictBool], False),
-    #: perfkit extension: stage timing, true / "events", "sync" or false / "off" (:class:`GenRequest`)
     "perfkit_stage_timing": (Union[bool, Literal["events", "sync", "off"]], True),
 }
 
 VideoRequest = create_model(
     "VideoRequest",
     __base__=_VideoRequestBase,
-    __doc__="""sglang's /v1/videos request (:data:`SGLANG_VIDEO_FIELDS`, in order) plus perfkit's own
-    ``perfkit_stage_timing``. Any other field is refused (400 naming it): a misspelt field such as
-    ``num_frame`` would otherwise be ignored and the request measured with the default shape.""",
+    __doc__="""sglang's /v1/videos request plus ``perfkit_stage_timing``; any other field is a 400.""",
     **{name: spec for names, spec in _FIELDS.items() for name in names.split()},
 )
 
 
-#: Every field of sglang's ``POST /v1/videos`` request model (``VideoGenerationsRequest`` in
-#: ``python/sglang/multimodal_gen/runtime/entrypoints/openai/protocol.py``, the version with
-#: width/height, diffusers_kwargs, frame interpolation and profiling fields), in its order.
+#: sglang's ``VideoGenerationsRequest`` fields, in order (multimodal_gen/.../openai/protocol.py)
 SGLANG_VIDEO_FIELDS = tuple(n for n in VideoRequest.model_fields if n != "perfkit_stage_timing")
 
 
 @dataclass(eq=False)
 class Engine:
-    """The serving state: pipeline, job table, worker thread, performance.log.
-
-    Args:
-        defaults: serving defaults {height, width, steps, num_frames}.
-        max_frames: largest num_frames accepted (larger is a 400 naming the field).
-        perf_log_dir: where performance.log goes (None: no records).
-        info: engine facts copied into each record (device, placement, preset, ...).
-        runner: the multi-rank front (:class:`.dist.Rank0Runner`) that runs ``pipeline`` with the
-            other ranks; None: ``pipeline`` runs alone.
-        keep_outputs_dir: where generated frames are saved as .npy (None: discarded).
-        debug_leak_mib: test-only: MiB kept alive per request (:func:`inject_debug_leak`).
-        debug_stage_delay_from: test-only: the pipeline's ``stage_delay`` applies to measured
-            requests from this 0-based index on (0: all, 1: warm requests only).
-        commit_hash: the records' ``commit_hash``.
-        snapshot_recorder: the allocator snapshot recorder (:class:`.profiling.SnapshotRecorder`).
-    """
+    """The serving state: pipeline, job table, worker thread, performance.log. ``defaults``:
+    {height, width, steps, num_frames}; ``info``: engine facts in every record; ``runner``: the
+    multi-rank front (None: ``pipeline`` runs alone); ``debug_stage_delay_from``: 0-based index of
+    the first measured request the pipeline's test-only ``stage_delay`` applies to."""
 
     pipeline: StagedPipeline
     defaults: dict[str, int]
@@ -160,7 +135,7 @@ class Engine:
         if self.perf_log is not None:
             self.perf_log.parent.mkdir(parents=True, exist_ok=True)
         self.keep_dir = Path(self.keep_outputs_dir) if self.keep_outputs_dir else None
-        self._measured = 0  # measured requests run so far (the startup warmup is not one)
+        self._measured = 0  # measured requests run so far (not the startup warmup)
         self.jobs: dict[str, Job] = {}
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.ready = False
@@ -170,14 +145,8 @@ class Engine:
         self._worker.start()
 
     def to_gen_request(self, vr: VideoRequest) -> GenRequest:
-        """Fill defaults and check limits. Frames: ``num_frames``, else ``seconds`` x ``fps`` when
-        the request sets ``seconds``, else the default; pixels: ``height``/``width``, else ``size``
-        ("WIDTHxHEIGHT"), else the default.
-
-        Raises:
-            FieldError: naming the field that is out of range or cannot be honoured (``n`` > 1,
-                a list of several seeds).
-        """
+        """Fill defaults (frames: ``num_frames``, else ``seconds`` x ``fps``; pixels: ``height``/``width``,
+        else ``size``) and check limits. FieldError: a field out of range or not honoured (``n`` > 1)."""
         h, w = vr.height, vr.width
         if vr.size and (h is None and w is None):
             try:
@@ -242,13 +211,11 @@ class Engine:
         ignored_fields: list[str] | None = None,
         profile: dict[str, Any] | None = None,
     ) -> Job:
-        """Queue one run. ``profile``: sglang's profiling fields ({all_stages,
-        num_profiled_timesteps}) when the request set ``profile: true``, else None."""
+        """Queue one run. ``profile``: {all_stages, num_profiled_timesteps} when profiled, else None."""
         job = Job(
             id=f"video_{uuid.uuid4().hex[:16]}",
             req=req,
             tag=tag,
-            # 8k + 1 (the LTX VAE's temporal compression)
             effective_frames=align_frames(req.num_frames, self.pipeline.temporal),
             ignored_fields=list(ignored_fields or []),
             profile=profile,
@@ -262,7 +229,7 @@ class Engine:
             self._execute(job)
 
     def _execute(self, job: Job) -> None:
-        job.started = time.time()  # taken from the queue: queue wait ends, service begins
+        job.started = time.time()  # queue wait ends, service begins
         job.status = "in_progress"
         dev = self.pipeline.device
         res: RunResult | None = None
@@ -320,7 +287,7 @@ class Engine:
             job.done.set()
 
     def _start_profiler(self, job: Job) -> RequestProfiler | None:
-        """The request's profiler, or None (the record's ``profile.error`` says why) when it cannot start."""
+        """The request's profiler, or None (``job.trace.error`` says why) when it cannot start."""
         steps = job.req.num_inference_steps
         try:  # the serving process is global rank 0 (the trace's name says it)
             return RequestProfiler(job.id, **job.profile, num_inference_steps=steps)
@@ -332,8 +299,8 @@ class Engine:
 
 
 def inject_debug_leak(keep: list[Any], mib: int, device: torch.device) -> None:
-    """TEST ONLY: keep ``mib`` MiB alive in ``keep`` (touched host pages, and the same on a CUDA
-    ``device``); its own function so that an allocator snapshot names it as the site."""
+    """TEST ONLY: keep ``mib`` MiB alive in ``keep`` (host, and CUDA ``device``); a function of its
+    own so that an allocator snapshot names it as the site."""
     keep.append(np.ones(mib * MIB, dtype=np.uint8))
     if device.type == "cuda":
         keep.append(torch.ones(mib * MIB, dtype=torch.uint8, device=device))
@@ -422,10 +389,8 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
 
 def serve_http(engine: Engine, model_name: str, sock: Any, warm: Callable[[], bool]) -> int:
-    """Serve the engine's app on the bound socket (uvicorn) until it stops; ``warm`` (the startup
-    warmup, True when it succeeded) runs on a thread once serving starts (``/health`` answers 503
-    until then). Then end the queue and the other ranks (the engine's ``runner``, if any).
-    Returns 0, or 3 when the warmup failed (the server stops then)."""
+    """Serve the engine's app on ``sock`` until it stops, running ``warm`` (the startup warmup, True
+    when it succeeded) once serving starts; then end the queue and other ranks. 0, or 3: warmup failed."""
     import uvicorn
 
     server = uvicorn.Server(
