@@ -478,6 +478,23 @@ def test_debug_stage_delay_is_refused_when_malformed(tmp_path):
     assert "expected STAGE=PCT" in out.stderr
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--warmup-steps", "--height", "--width"])
+def test_a_zero_size_or_step_count_exits_2_before_torch(flag):
+    """Found reading the code: ``--warmup-steps 0`` divided by zero in the warmup (exit 3) and
+    ``--steps 0``/``--height 0``/``--width 0`` fell back to the preset's value silently."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from perfkit.refengine.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, flag, "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert f"{flag} must be >= 1, got 0" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_cpu_threads_past_the_hosts_cpus_exits_2_before_torch():
     """Found probing: ``--cpu-threads 1000000000`` started the engine and libgomp died at the
     first parallel region (exit 1, no word of the option); now exit 2 naming it, before torch."""

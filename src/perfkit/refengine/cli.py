@@ -221,7 +221,16 @@ def _engine_info(args, device, dtype, placed, comps, cap, compiled, stage_delay)
 def _checked(args: argparse.Namespace) -> list[int]:
     """Check the numeric options; the indices of ``--memory-snapshot-after``."""
     at_least = dict.fromkeys(("warmup_frames", "max_frames", "debug_leak_mib", "debug_stage_delay_from"), 0)
-    for name, low in {"num_gpus": 1, "cpu_threads": 1, "memory_snapshot_entries": 1, **at_least}.items():
+    at_least_1 = (
+        "num_gpus",
+        "cpu_threads",
+        "memory_snapshot_entries",
+        "steps",
+        "warmup_steps",
+        "height",
+        "width",
+    )
+    for name, low in {**dict.fromkeys(at_least_1, 1), **at_least}.items():
         value = getattr(args, name)
         if value is not None and value < low:
             raise _Refused(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
