@@ -325,3 +325,23 @@ def test_the_bisect_example_spec_gives_each_checkout_its_engine_args(tmp_path):
     assert [p.debug_stage_delay for p in parsed] == [[], [("DenoisingStage", 50.0)]]
     assert parsed[1].steps == 64 and parsed[1].cpu_threads == 1 and parsed[1].device == "cpu"
     assert "--paired" in (example / "run.sh").read_text()
+
+
+def test_a_confirmation_time_without_timezone_is_stored_as_utc(tmp_path, monkeypatch):
+    """As everywhere in the store (``store.utc``); it was read as the host's local time."""
+    import time
+
+    from perfkit.history.store import CONFIRM_COLUMNS, add_confirmation
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30
+    time.tzset()
+    try:
+        row = dict.fromkeys(CONFIRM_COLUMNS, "x")
+        row.update(ratio=1.3, low=1.2, high=1.4, step_ratio=1.3, outcome="confirmed", launches=[1])
+        row["time"] = datetime(2026, 12, 5, 12, 0)
+        add_confirmation(tmp_path / "store", **row)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    (stored,) = read_confirmations(tmp_path / "store")["time"]
+    assert stored == datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)

@@ -299,7 +299,7 @@ def add_confirmation(store: str | Path, **row: Any) -> Path:
     store = Path(store)
     cols = {k: [row[k]] for k in CONFIRM_COLUMNS}
     cols["launches"] = [json.dumps(row["launches"], sort_keys=True)]
-    cols["time"] = [row["time"].astimezone(timezone.utc)]
+    cols["time"] = [utc(row["time"])]
     for k in ("ratio", "low", "high", "step_ratio"):  # NaN: NULL
         cols[k] = [None if row[k] is None or row[k] != row[k] else float(row[k])]
     table = pa.table(cols, schema=CONFIRM_SCHEMA)
