@@ -178,12 +178,12 @@ class Probe:
     commit: Commit
     position: int
     verdict: str
-    launches: dict[str, int] = field(default_factory=dict)
     decision: str | None = None
     ratio: float | None = None
     low: float | None = None
     high: float | None = None
     error: str | None = None
+    launches: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     out: str = ""
     wall_s: float = 0.0
@@ -263,6 +263,6 @@ def compare(
     launches, reason = dict(seq.get("launches_run") or {}), str(seq.get("reason") or "")
     log.info("probe %s (%s): %s, %s", commit.short, commit.subject, verdict, decision)
     return Probe(
-        commit, position, verdict, launches, decision, num("ratio"), num("low"), num("high"), error, reason,
+        commit, position, verdict, decision, num("ratio"), num("low"), num("high"), error, launches, reason,
         str(out),
     )  # fmt: skip
