@@ -19,7 +19,7 @@ from perfkit.bundle import TABLES, ResultBundle, read_meta, redact
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.investigations import registry
-from perfkit.params import ParamsError, SuiteParams
+from perfkit.params import ParamsError, SuiteParams, parse_params
 from perfkit.scaleout.units import MAX_SHARDS, OUTCOME, WorkUnit
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,6 @@ def _read_manifest(d: Path) -> dict[str, Any]:
 
 
 def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
-    from perfkit.params import parse_params
-
     return parse_params(manifest["params"], source=f"{manifest.get('params_file')} (from the shard manifest)")
 
 
@@ -231,7 +229,16 @@ def merge_shards(
     want_name = "--params" if params is not None else f"{ref.get('params_file')} (shard {ref_dir})"
     total = int(ref["partition"]["total"])
     by_index = _usable_shards(manifests, the_params, want_hash, want_name, problems)
-    problems += _shard_problems(by_index, ref, allow_mixed_commits)
+    problems += _identity_problems(
+        [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
+        allow_mixed_commits=allow_mixed_commits,
+    )
+    for i in range(1, total + 1):
+        if i not in by_index:
+            ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
+            problems.append(
+                f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
+            )
     units = [WorkUnit.from_dict(u) for u in ref["units"]]
     found = _Found()
     for u in units:
@@ -326,23 +333,6 @@ def _usable_shards(
             continue
         by_index[i] = (d, m)
     return by_index
-
-
-def _shard_problems(
-    by_index: dict[int, tuple[Path, dict[str, Any]]], ref: dict[str, Any], allow_mixed_commits: bool
-) -> list[str]:
-    total = int(ref["partition"]["total"])
-    problems = _identity_problems(
-        [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
-        allow_mixed_commits=allow_mixed_commits,
-    )
-    for i in range(1, total + 1):
-        if i not in by_index:
-            ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
-            problems.append(
-                f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
-            )
-    return problems
 
 
 def _shard_identity(m: dict[str, Any]) -> dict[str, Any]:
