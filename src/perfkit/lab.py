@@ -1,9 +1,6 @@
-"""``perfkit run`` but its printing (:func:`run_notebook`: ``-p`` parameters read and checked,
-the run directory made, and removed again when nothing ran, one notebook executed with progress
-bars) and ``perfkit lab``: JupyterLab on a run's executed notebooks (``perfkit lab RUN``), or on
-fresh copies of the investigation notebooks bound to recorded bundles (``--replay DIR``), in a lab
-directory outside the tracked tree (else :class:`LabError`); never on the tracked notebooks.
-See docs/lab.md.
+"""``perfkit run`` but its printing (:func:`run_notebook`) and ``perfkit lab``: JupyterLab on a
+run's executed notebooks or on fresh copies bound to recorded bundles (``--replay``), in a lab
+directory outside the tracked tree. See docs/lab.md.
 """
 
 from __future__ import annotations
@@ -41,21 +38,19 @@ from perfkit.suite.execute import (
 
 log = logging.getLogger(__name__)
 
-#: where lab directories land by default (relative to the working directory, like outputs/RUN)
 LAB_BASE = Path("outputs") / "lab"
-#: the replayed notebooks' run directory, relative to the lab directory (the kernel's cwd)
+#: the replayed notebooks' run directory, relative to the lab directory
 RUN_SUBDIR = "run"
 
 
 class LabError(ValueError):
-    """A lab that cannot be prepared (no notebooks or bundles, a directory inside the tracked
-    tree, an unknown ``--only`` name): nothing was written; exit code 2."""
+    """A lab that cannot be prepared; nothing was written (exit 2)."""
 
 
 @dataclass
 class LabDir:
-    """A prepared lab directory (``dir``, JupyterLab's ``--notebook-dir``): its ``notebooks`` in
-    run order, those ``executed`` here (seconds) and their ``errors`` (saved with them)."""
+    """A prepared lab directory: its ``notebooks`` in run order, those ``executed`` here (s) and
+    their ``errors``."""
 
     dir: Path
     notebooks: list[Path] = field(default_factory=list)
@@ -64,26 +59,24 @@ class LabDir:
 
 
 def tracked_tree(path: Path) -> Path | None:
-    """The git work tree ``path`` lies in when git would track files there (inside the work
-    tree and not ignored), else None (outside any work tree, ignored, or no git)."""
+    """The git work tree ``path`` lies in when git would track files there, else None."""
     if shutil.which("git") is None:
         return None
     base = path.resolve()
-    while not base.is_dir():  # its nearest existing directory
+    while not base.is_dir():
         base = base.parent
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=base, capture_output=True, text=True, timeout=30)
 
     top = git("rev-parse", "--show-toplevel")
-    probe = path.resolve() / "probe.ipynb"  # what a notebook saved there would be
+    probe = path.resolve() / "probe.ipynb"
     if top.returncode != 0 or git("check-ignore", "-q", "--no-index", str(probe)).returncode == 0:
         return None
     return Path(top.stdout.strip())
 
 
 def _new_dir(dest: str | Path | None) -> Path:
-    """``dest`` (created), or a new ``outputs/lab/<stamp>``; refused inside the tracked tree."""
     d = stamped_dir(LAB_BASE) if dest is None else Path(dest)
     top = tracked_tree(d)
     if top is not None:
@@ -98,7 +91,6 @@ def _new_dir(dest: str | Path | None) -> Path:
 
 
 def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
-    """The section parameters ``bundle`` records that its notebook declares and that validate."""
     try:
         recorded = read_meta(bundle).get("params") or {}
     except (OSError, ValueError) as exc:
@@ -116,8 +108,8 @@ def _recorded_section(name: str, bundle: Path) -> dict[str, Any]:
 
 
 def replay_names(replay: str | Path, only: Iterable[str] | None = None) -> list[str]:
-    """The investigations (of ``only``) ``replay`` holds a bundle of, in the registry's order.
-    Raises :class:`LabError`: no such directory, or no bundle of them there."""
+    """The investigations (of ``only``) ``replay`` holds a bundle of, in run order; LabError when
+    none."""
     names = [n for n in registry.names() if not only or n in only]
     try:
         missing = replay_plan(Path(replay).resolve(), names)
@@ -133,14 +125,8 @@ def prepare_replay(
     only: Iterable[str] | None = None,
     execute: bool = True,
 ) -> LabDir:
-    """Fresh copies of the investigation notebooks bound to the bundles of ``replay``, executed
-    once (:func:`perfkit.suite.execute.execute_owned`, its logs beside each) and signed unless
-    ``execute`` is False.
-
-    Raises:
-        LabError: ``replay`` holds no bundle (of ``only``), or ``dest`` is inside the tracked
-            tree or already holds notebooks.
-    """
+    """Fresh copies of the notebooks bound to the bundles of ``replay``, executed once and signed
+    unless ``execute`` is False. Raises LabError: no bundle, or ``dest`` tracked or not new."""
     import papermill as pm
 
     from perfkit.measuring.progress import RunBars
@@ -161,7 +147,6 @@ def prepare_replay(
         if not execute:
             pm.execute_notebook(str(src), str(out), parameters=params, prepare_only=True)
             continue
-        # the kernel's working directory is the lab's (the IPC sockets are files relative to it)
         r = execute_owned(src, out, params, RunBars(None, 0, 0), 0, cwd=lab.dir, timeout_s=600)
         lab.executed[name] = r.wall_s
         if r.error:
@@ -171,9 +156,8 @@ def prepare_replay(
 
 
 def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
-    """The executed notebooks of run directory ``run``, signed: in place when ``run/notebooks``
-    is untracked and no ``dest`` is given, else copied to ``dest`` (default ``outputs/lab/<stamp>``).
-    Raises :class:`LabError`: no executed notebook, or ``dest`` inside the tracked tree."""
+    """The executed notebooks of ``run``, signed: in place when untracked and no ``dest`` is given,
+    else copied. Raises LabError: no executed notebook, or ``dest`` inside the tracked tree."""
     nb_dir = Path(run) / "notebooks"
     found = sorted(nb_dir.glob("*.ipynb"))
     if not found:
@@ -191,18 +175,16 @@ def prepare_run(run: str | Path, dest: str | Path | None = None) -> LabDir:
 
 
 def _sign(path: Path) -> None:
-    """Trust ``path``'s outputs (docs/lab.md)."""
     from nbformat.sign import NotebookNotary
 
     try:
         NotebookNotary().sign(nbformat.read(str(path), as_version=4))
-    except Exception as exc:  # noqa: BLE001 - a read-only notary database: outputs stay untrusted
+    except Exception as exc:  # noqa: BLE001
         log.warning("%s: not signed (%s): JupyterLab will show its outputs as untrusted", path, exc)
 
 
 def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
-    """The JupyterLab command for ``lab`` (``--allow-root`` as root: JupyterLab refuses to start
-    as root without it)."""
+    """The JupyterLab command for ``lab`` (``--allow-root`` as root)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={lab.dir}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -210,9 +192,8 @@ def lab_command(lab: LabDir, browser: bool = True) -> list[str]:
 
 
 def launch(lab: LabDir, browser: bool = True) -> int:
-    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly. Ctrl-C or SIGTERM ends
-    it and its kernels (SIGKILL after 10 s) and goes on as KeyboardInterrupt. Raises
-    :class:`LabError`: JupyterLab not installed, or it exited with an error."""
+    """Run JupyterLab on ``lab`` until it stops; 0 when it exits cleanly (Ctrl-C goes on as
+    KeyboardInterrupt). Raises LabError: JupyterLab not installed, or it exited with an error."""
     try:
         require_extra("lab", "perfkit lab")
     except MissingExtra as exc:
@@ -227,13 +208,11 @@ def launch(lab: LabDir, browser: bool = True) -> int:
 
 
 class RunInputError(ValueError):
-    """Bad input to :func:`run_notebook` (a missing notebook, an invalid params file, a bad or
-    unknown ``-p``); its text is the whole message (the CLI prefixes ``perfkit: ``)."""
+    """Bad input to :func:`run_notebook`; its text is the whole message."""
 
 
 def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` items -> {key: value read as YAML 1.2 (``1e3`` is a number)}.
-    Raises :class:`RunInputError`."""
+    """``-p KEY=VALUE`` items -> {key: value as YAML 1.2}; RunInputError."""
     out: dict[str, Any] = {}
     for it in items or []:
         if "=" not in it:
@@ -254,13 +233,12 @@ def parse_kv(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 
 def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
-    """The names the notebook's ``parameters`` cell declares; :class:`RunInputError` for a ``-p``
-    name it lacks."""
+    """The names the notebook's ``parameters`` cell declares; RunInputError for one it lacks."""
     import papermill as pm
 
     try:
         declared = list(pm.inspect_notebook(str(nb)))
-    except Exception as exc:  # noqa: BLE001 - not a notebook, unreadable JSON, ...
+    except Exception as exc:  # noqa: BLE001
         raise RunInputError(f"cannot read the parameters of {nb}: {exc}") from None
     unknown = [k for k in given if k not in declared]
     if not unknown:
@@ -273,9 +251,8 @@ def check_notebook_parameters(nb: Path, given: dict[str, Any]) -> list[str]:
 
 
 def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """The parameters of one run: the params file's for this notebook (when given), then ``-p``
-    items, validated (:func:`perfkit.nbparams.validate`); ``fail_on`` ``never`` unless given (the
-    exit code comes from verdict.json). Raises :class:`RunInputError`."""
+    """The params file's parameters for ``nb``, then ``-p`` items, validated; ``fail_on`` ``never``
+    unless given. Raises RunInputError."""
     if not nb.exists():
         raise RunInputError(f"notebook {nb} not found")
     params: dict[str, Any] = {}
@@ -299,9 +276,8 @@ def notebook_params(nb: Path, params_file: str | None, kv: list[str] | tuple[str
 
 
 def run_dir_for(name: str, given: str | None) -> tuple[Path, Path | None]:
-    """The run directory of notebook ``name`` and the outermost folder this run creates (None:
-    none): ``given`` (``-p run_dir=``), else a new ``outputs/<name>/<timestamp>/`` (made, empty,
-    by :func:`perfkit.suite.execute.default_out`; outputs/ too when missing)."""
+    """The run directory of notebook ``name`` (``given``, else a new ``outputs/<name>/<stamp>/``)
+    and the outermost folder this run creates (None: none)."""
 
     def outermost_new(top: Path) -> Path:
         while not top.parent.exists():
@@ -318,8 +294,7 @@ def run_dir_for(name: str, given: str | None) -> tuple[Path, Path | None]:
 
 
 def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: float | None):
-    """Execute the notebook (:func:`perfkit.suite.execute_owned`: what its kernel starts ended
-    here); on a terminal, its requests' progress bars (the estimate from the investigation's plan)."""
+    """Execute the notebook (what its kernel starts ended here), with progress bars on a terminal."""
     from perfkit.measuring.progress import RunBars
     from perfkit.suite import execute_owned
 
@@ -327,12 +302,10 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
     if nb.stem in registry.names() and not params.get("bundle_dir"):
         s = registry.get(nb.stem)
         fields = s.params_model.model_fields
-        with contextlib.suppress(ValueError):  # invalid: no bars, the notebook's bind cell says why
+        with contextlib.suppress(ValueError):
             sec = s.params_model.model_validate({k: v for k, v in params.items() if k in fields})
             plan = list(s.plan(sec))
     planned = sum(plan)
-    # the kernel's stderr (its shutdown noise: a traceback when interrupted) goes to a log; the
-    # bars to the terminal
     bar_file, log_file = os.fdopen(os.dup(2), "w"), out.with_suffix(".kernel.log")
     bars = RunBars(bar_file, len(plan), planned, enabled=planned > 0 and bar_file.isatty())
     become_subreaper()
@@ -347,9 +320,7 @@ def execute_with_bars(nb: Path, out: Path, params: dict[str, Any], timeout_s: fl
 
 @dataclass
 class NotebookRun:
-    """What :func:`run_notebook` did: the execution ``result`` (perfkit.suite's), the ``verdict``
-    (None unless it ran to the end), the gate ``word`` (pass / fail / not gated / error), the
-    executed notebook ``out`` and the ``run_dir``."""
+    """What :func:`run_notebook` did; ``word``: pass / fail / not gated / error."""
 
     result: Any
     verdict: Any
@@ -365,11 +336,9 @@ def run_notebook(
     out: str | None,
     timeout_s: float | None,
 ) -> NotebookRun:
-    """Run one notebook with papermill: its parameters from ``params_file`` then ``kv`` (``-p``),
-    validated before the kernel starts; the executed copy at ``out`` (default
-    RUN_DIR/notebooks/NAME). A run that errors before writing anything leaves no run directory.
-    Raises :class:`RunInputError` for bad input, :class:`~perfkit.common.MissingExtra` for
-    the history notebook without ``perfkit[history]``."""
+    """Run one notebook with papermill, parameters validated first; the executed copy at ``out``
+    (default RUN_DIR/notebooks/NAME). Raises RunInputError, MissingExtra (the history notebook
+    without ``perfkit[history]``)."""
     nb = Path(notebook)
     if nb.stem == HISTORY:
         require_extra("history", nb.name)
@@ -379,7 +348,7 @@ def run_notebook(
     dest = Path(out) if out else run_dir / "notebooks" / nb.name
     r = execute_with_bars(nb, dest, params, timeout_s)
     v = read_verdict(run_dir / nb.stem) if r.status == "ok" else None
-    # nothing ran: leave no empty run directory (only what this run made, holding no file)
+    # nothing ran: leave no empty run directory
     if r.error and made is not None and made.exists() and not any(f.is_file() for f in made.rglob("*")):
         shutil.rmtree(made, ignore_errors=True)
     return NotebookRun(r, v, gate_result(r.status, v, r.ename), dest, run_dir)

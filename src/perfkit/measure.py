@@ -1,6 +1,5 @@
-"""``python -m perfkit.measure``: the enabled investigations of a params file into bundles
-(``DIR/<investigation>/``, ``DIR/measure.json``) without notebooks, for GPU hosts without the Jupyter
-stack; the notebooks and the report render elsewhere (``perfkit suite --replay DIR``).
+"""``python -m perfkit.measure``: a params file's investigations into bundles without notebooks,
+for GPU hosts without the Jupyter stack (render elsewhere with ``perfkit suite --replay DIR``).
 """
 
 from __future__ import annotations
@@ -36,19 +35,9 @@ def measure(
     work_dir: str | Path | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the enabled investigations (of ``only``), each bundle saved under ``out/<investigation>``;
-    launch directories and compile caches go to ``work_dir`` (default: a temp dir). ``options``:
-    the investigations' measure options by Python name (:class:`~perfkit.investigations.common.MeasureOption`,
-    e.g. ``{"overhead_pairs": 10}``); progress bars on stderr.
-
-    Returns:
-        ``{investigation: {"bundle": path, "wall_s": s, "error": str | None}}``, also written to
-        ``out/measure.json``; a failed investigation, one without a usable measurement or with a
-        process that outlived its launch is an error recorded there, not raised.
-
-    Raises:
-        ParamsError: ``only`` names a disabled investigation (before any launch).
-    """
+    """Run the enabled investigations (of ``only``) into ``out/<investigation>``; ``options``: the
+    measure options by Python name. Returns (and writes to ``out/measure.json``) ``{name: {bundle,
+    wall_s, error}}``, a failure recorded there; ParamsError: ``only`` names a disabled one."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="perfkit-measure-"))
@@ -83,23 +72,21 @@ def measure(
                 summary[name] = {"bundle": str(path), "wall_s": round(time.time() - t0, 1), "error": None}
             except Exception as exc:  # noqa: BLE001 - one failed investigation must not lose the others
                 known = isinstance(exc, (registry.InvestigationError, EngineStartError))
-                # a named failure (an engine lost, bad input) is one line; anything else its traceback
                 (log.error if known else log.exception)("%s failed: %s", name, exc)
                 error = f"{type(exc).__name__}: {exc}"
                 summary[name] = {"bundle": None, "wall_s": round(time.time() - t0, 1), "error": error}
-            finally:  # what outlived the investigation's launches is ended, and named
+            finally:
                 left = watch.reap(grace_s=eng.stop_grace_s)
             if left:
                 summary[name]["error"] = "; ".join(x for x in (summary[name]["error"], describe(left)) if x)
             (out / "measure.json").write_text(jsonsafe.dumps(summary, indent=2))
-    finally:  # an interrupt too: the bars end before its one line
+    finally:
         bars.close()
     return summary
 
 
 def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
-    """``--only`` values (repeated and/or comma lists) -> registered names. Raises
-    :class:`click.BadParameter` naming an unknown one (exit 2)."""
+    """``--only`` values (repeated, comma lists) -> names; click.BadParameter naming an unknown one."""
     names = tuple(n.strip() for v in values for n in v.split(",") if n.strip())
     unknown = [n for n in names if n not in registry.names()]
     if unknown:
@@ -110,7 +97,6 @@ def investigations(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _investigation_options(f: Any) -> Any:
-    """The investigations' measure options as click options of ``f``."""
     for _, o in reversed(registry.measure_options()):
         kind = {"is_flag": True} if o.is_flag else {"type": click.IntRange(min=o.minimum), "default": 0}
         f = click.option(o.flag, o.dest, help=o.help, show_default=not o.is_flag, **kind)(f)
@@ -167,7 +153,7 @@ def measure_command(
     **options: Any,
 ) -> None:
     """The ``measure`` command (also ``perfkit measure``); exits with the code."""
-    become_subreaper()  # this process owns its engines and whatever they start
+    become_subreaper()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if not Path(params_file).is_file():
@@ -175,9 +161,9 @@ def measure_command(
         sys.exit(2)
     try:
         params = load_params(params_file, sets)
-        pss_enabled()  # a typo in PERFKIT_SAMPLER_PSS is bad input, said before any launch
+        pss_enabled()  # a bad PERFKIT_SAMPLER_PSS is refused before any launch
         summary = measure(params, out, only=list(only) or None, work_dir=work_dir, options=options)
-    except ValueError as exc:  # ParamsError: the params, a --set or --only of a disabled one
+    except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     click.echo(json.dumps(summary, indent=2))
@@ -188,7 +174,7 @@ def measure_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m perfkit.measure``: run :func:`measure_command`; returns its exit code."""
+    """``python -m perfkit.measure``; returns the exit code."""
     return run_click(
         measure_command,
         list(sys.argv[1:] if argv is None else argv),

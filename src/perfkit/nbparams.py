@@ -1,8 +1,6 @@
-"""Notebook parameters: declared once here (:func:`declared`), written into each notebook's
-``parameters`` cell by ``notebooks/make_notebooks.py`` as ``name: type = default  # help`` (what
-papermill reads), and bound in the notebook before anything runs (:func:`bind`: unknown names,
-``-p`` strings read as YAML 1.2, every value validated by the params file's models). Nothing here
-names an investigation. See docs/lab.md, "Notebooks that papermill alone can run and gate".
+"""Notebook parameters: declared once here (:func:`declared`), written into each parameters cell
+by ``notebooks/make_notebooks.py``, bound and validated in the notebook (:func:`bind`). See
+docs/lab.md, "Notebooks that papermill alone can run and gate".
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from perfkit.params import (
 AB = "ab"
 HISTORY = "history"
 
-#: the engine and request a notebook runs by default: the tiny reference engine on this machine
+#: a notebook's default engine and request: the tiny reference engine on this machine
 NOTEBOOK_ENGINE: dict[str, Any] = {
     "kind": "reference",
     "preset": "tiny",
@@ -54,14 +52,12 @@ INJECTED_HEADER = "# Parameters"
 
 
 class NotebookParamsError(ParamsError):
-    """Notebook parameters that cannot run: an unknown name, a value its model refuses. The
-    message lists every problem, one a line, each naming its parameter."""
+    """Notebook parameters that cannot run; every problem, one a line, naming its parameter."""
 
 
 @dataclass(frozen=True)
 class NotebookParam:
-    """One notebook parameter: its ``name``, ``annotation`` (pydantic validates with it;
-    :func:`type_text` is what papermill shows), ``default`` (a literal) and one-line ``help``."""
+    """One notebook parameter (``annotation`` validates; :func:`type_text` is what papermill shows)."""
 
     name: str
     annotation: Any
@@ -70,7 +66,6 @@ class NotebookParam:
 
 
 def _strip(ann: Any) -> Any:
-    """``ann`` without ``Annotated[...]`` metadata."""
     while typing.get_origin(ann) is Annotated:
         ann = typing.get_args(ann)[0]
     return ann
@@ -83,9 +78,8 @@ def _union_args(ann: Any) -> tuple[Any, ...] | None:
 
 
 def type_text(ann: Any) -> str:
-    """The annotation papermill can read (its pattern takes words, brackets and commas only):
-    ``int``, ``str``, ``dict`` (a mapping or a pydantic model), ``list[int]``, ``Optional[dict]``;
-    a Literal is its values' type."""
+    """The annotation papermill can read (words, brackets and commas only): ``int``, ``dict`` (also
+    a pydantic model), ``list[int]``, ``Optional[dict]``; a Literal is its values' type."""
     ann = _strip(ann)
     args = _union_args(ann)
     if args is not None:
@@ -106,7 +100,7 @@ def type_text(ann: Any) -> str:
 
 
 def _takes_str(ann: Any) -> bool:
-    """Whether a value of type ``ann`` may be a string (then a ``-p`` string is kept as is)."""
+    """Whether a value of type ``ann`` may be a string (a ``-p`` string is then kept)."""
     ann = _strip(ann)
     args = _union_args(ann)
     if args is not None:
@@ -128,7 +122,6 @@ _REQUEST = NotebookParam("request", dict, NOTEBOOK_REQUEST, _REQUEST_HELP)
 _INVARIANTS = NotebookParam("invariants", Optional[dict], None, _INVARIANTS_HELP)
 
 
-#: defaults as plain values (models as dicts, None fields left out), as a parameters cell writes them
 _DUMP = TypeAdapter(Any)
 
 
@@ -146,7 +139,7 @@ def section_params(name: str) -> list[NotebookParam]:
 
 @functools.cache
 def _field_comment(model: type[BaseModel], key: str) -> str:
-    """The ``#:`` comment above a field in its class source (one line); cached: bind declares 4 times."""
+    """The ``#:`` comment above a field in its class source, as one line."""
     for cls in model.__mro__:
         try:
             src = inspect.getsource(cls)
@@ -228,8 +221,7 @@ def _history() -> list[NotebookParam]:
 
 
 def declared(notebook: str) -> list[NotebookParam]:
-    """The parameters of ``notebook`` (an investigation name, the baseline gate, :data:`AB`,
-    :data:`HISTORY`), in the order of its parameters cell. Raises KeyError for another name."""
+    """The parameters of ``notebook`` in its cell's order; KeyError for an unknown notebook."""
     if notebook in registry.names():
         return _investigation(notebook)
     table = {GATE: _gate, AB: _ab, HISTORY: _history}
@@ -249,8 +241,7 @@ def parameters_cell(notebook: str) -> str:
 
 
 def injected_names(history: Any) -> list[str]:
-    """Names assigned by the cells papermill injected (their source starts with
-    :data:`INJECTED_HEADER`), read from the kernel's input history (IPython's ``In``)."""
+    """Names assigned by the cells papermill injected, read from IPython's ``In``."""
     names: list[str] = []
     for src in history or []:
         if not isinstance(src, str) or not src.lstrip().startswith(INJECTED_HEADER):
@@ -266,8 +257,7 @@ def injected_names(history: Any) -> list[str]:
 
 
 def unknown_names(notebook: str, given: Any) -> list[str]:
-    """One problem line per name in ``given`` that ``notebook`` does not declare, each with the
-    closest declared name when one is close."""
+    """One problem line per name in ``given`` that ``notebook`` does not declare."""
     known = [p.name for p in declared(notebook)]
     return [
         f"unknown parameter {k!r}{did_you_mean(k, known)}; known: {', '.join(known)}"
@@ -277,8 +267,8 @@ def unknown_names(notebook: str, given: Any) -> list[str]:
 
 
 def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` with each string read as YAML where the parameter's type takes no string (``-p``
-    passes strings). Raises :class:`NotebookParamsError` naming the parameter: not valid YAML."""
+    """``given`` with each string read as YAML where the type takes no string;
+    NotebookParamsError naming a parameter that is not valid YAML."""
     types = {p.name: p.annotation for p in declared(notebook)}
     out: dict[str, Any] = {}
     problems = []
@@ -296,7 +286,6 @@ def coerce(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable[str]) -> list[str]:
-    """A replay's bundle against the notebook: its investigation, engine and request as injected."""
     bundle = given.get("bundle_dir")
     if not bundle or notebook not in registry.names():
         return []
@@ -317,14 +306,9 @@ def _bundle_problems(notebook: str, given: Mapping[str, Any], injected: Iterable
 
 
 def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """The declared parameters' values from ``namespace`` (the kernel's globals), coerced
-    (:func:`coerce`) and validated (:func:`validate`), for the notebook to assign back.
-
-    Raises:
-        NotebookParamsError: an injected name the notebook does not declare, a string that is
-            not valid YAML, a value its model refuses, a replayed bundle of another
-            investigation, engine or request shape; every problem, one a line.
-    """
+    """The declared parameters' values from the kernel's globals, coerced and validated. Raises
+    NotebookParamsError: unknown names, bad values, a replayed bundle of another investigation,
+    engine or request."""
     params = declared(notebook)
     injected = injected_names(namespace.get("In"))
     problems = unknown_names(notebook, injected)
@@ -348,7 +332,6 @@ def bind(notebook: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _pydantic_problems(prefix: str, errors: Iterable[Any], model: Any = None) -> list[str]:
-    """``prefix<loc>: message, got <input>`` per pydantic error."""
     out = []
     for e in errors:
         parts = tuple(e.get("loc") or ())
@@ -361,9 +344,8 @@ def _pydantic_problems(prefix: str, errors: Iterable[Any], model: Any = None) ->
 
 
 def _suite_problems(name: str, exc: ValidationError, problems: dict[Any, list[str]]) -> None:
-    """The params model's errors in a notebook's words, each naming its parameter, added to
-    ``problems`` by parameter (``name``: the section's fields, None: the rules across sections,
-    only when nothing else was wrong)."""
+    """The params model's errors by parameter, the rules across sections only when nothing else was
+    wrong."""
     earlier = any(problems.values())
     for e in exc.errors():
         top, rest = (e["loc"][0], tuple(e["loc"][1:])) if e["loc"] else (None, ())
@@ -381,25 +363,17 @@ def _suite_problems(name: str, exc: ValidationError, problems: dict[Any, list[st
 
 
 def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Notebook parameters validated with the models a params file goes through, in one pass
-    (the investigation's params model, the engine spec, the request, with the rules across
-    them; the invariants; other declared parameters by their annotation, strictly);
-    undeclared names pass through.
-
-    Raises:
-        ParamsError: every problem, each naming its parameter (``repeats: Input should be a
-            valid integer, got 1.0e1``, ``request.num_frame: unknown field (did you mean
-            'num_frames'?)``).
-    """
+    """Notebook parameters validated with the params file's models in one pass, other declared
+    ones strictly by annotation; undeclared names pass through. Raises ParamsError: every
+    problem, each naming its parameter."""
     section = registry.get(name).params_model if name in registry.names() else None
     try:
         types = {p.name: p.annotation for p in declared(name)}
     except KeyError:
         types = {}
     out: dict[str, Any] = {}
-    problems: dict[Any, list[str]] = {}  # by parameter, reported in the order given
-    # timeout_s None: papermill's cell timeout is not a notebook parameter (the suite checks
-    # its params file's order of timeouts; a notebook only gets the resulting engine spec)
+    problems: dict[Any, list[str]] = {}
+    # timeout_s: papermill's cell timeout is not a notebook parameter
     doc: dict[str, Any] = {"name": "-p", "timeout_s": None}
     for key, value in given.items():
         mine = problems.setdefault(key, [])
@@ -417,7 +391,7 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
             elif key == "invariants":
                 out[key] = _invariants(value)
             elif section is not None and key in section.model_fields:
-                doc.setdefault(name, {})[key] = value  # with the others: a rule may join two fields
+                doc.setdefault(name, {})[key] = value
             elif key in types:
                 out[key] = TypeAdapter(types[key]).validate_python(value, strict=True)
             else:
@@ -443,13 +417,13 @@ def validate(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _invariants(value: Any) -> dict[str, Any] | None:
-    """The given invariants validated; only the keys given (merged over the defaults later)."""
+    """The given invariants validated; only the keys given."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a mapping of invariant limits, got {value!r}")
     try:
-        registry.merged_invariants(value)  # unknown keys, with the closest known one
+        registry.merged_invariants(value)
     except ValueError as exc:
         raise ValueError(str(exc).removeprefix("invariants: ")) from None
     return {k: v for k, v in InvariantsParams.model_validate(value).model_dump().items() if k in value}

@@ -1,6 +1,5 @@
 """Suite parameters: the YAML files under ``params/`` (:class:`SuiteParams`, assembled from the
-registry), validated before anything is launched; errors name the file, the key path and the
-closest known key. Their layout: docs/suite.md, "Params files".
+registry), validated before anything is launched. Their layout: docs/suite.md, "Params files".
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ from perfkit.engine.spec import (
 from perfkit.investigations import registry
 from perfkit.investigations.registry import InvestigationParams
 
-#: seconds a cell keeps, after a request's timeout and the engine's stop grace, for the rest of
-#: its teardown (records, the bundle, the logs)
+#: seconds a cell keeps for its teardown after a request's timeout and the stop grace
 TEARDOWN_MARGIN_S = 10.0
 
 
@@ -77,8 +75,7 @@ class BaselineParams(_Model):
 
 
 class ScaleoutParams(_Model):
-    """``scaleout`` section: how units of work run (``perfkit suite --partition/--executor``,
-    ``perfkit merge``; see docs/scale-out.md)."""
+    """``scaleout`` section: how units of work run (docs/scale-out.md)."""
 
     #: extra attempts of a unit that raised (engine crash, node lost) before it is an error
     retries: int = Field(0, ge=0, le=5)
@@ -104,7 +101,7 @@ class _SuiteBase(_Model):
 
     @model_validator(mode="after")
     def _reference_engine(self) -> "_SuiteBase":
-        """What the reference engine would refuse only after a launch (pixel multiples, max frames)."""
+        """What the reference engine would refuse only after a launch."""
         eng = self.engine
         if not isinstance(eng, ReferenceEngine):
             return self
@@ -115,12 +112,11 @@ class _SuiteBase(_Model):
                 if isinstance(v, int) and not isinstance(v, bool) and v % PIXEL_MULTIPLE:
                     msg = f"must be a multiple of {PIXEL_MULTIPLE} for the reference engine, got {v}"
                     problems.append(((sec, key), msg))
-        # an unknown preset is refused by ReferenceEngine itself (perfkit.engine.spec)
         max_frames = eng.max_frames or MAX_FRAMES
         frames = [(("request", "num_frames"), self.request.num_frames)]
         for s in registry.all_investigations():
             sec = getattr(self, s.name)
-            if sec.enabled:  # any request-frame list an investigation declares
+            if sec.enabled:
                 frames += [
                     ((s.name, k, i), f) for k, v in sec if k == "request_frames" for i, f in enumerate(v)
                 ]
@@ -154,9 +150,8 @@ class _SuiteBase(_Model):
         return self
 
     def request_timeout_s(self) -> float:
-        """A request's timeout (s): ``engine.request_timeout_s``, else what the cell timeout
-        leaves after the teardown (``timeout_s - stop_grace_s - TEARDOWN_MARGIN_S``, at most
-        :data:`~perfkit.engine.spec.DEFAULT_REQUEST_TIMEOUT_S`)."""
+        """A request's timeout (s): ``engine.request_timeout_s``, else what the cell timeout leaves
+        after the teardown, at most ``DEFAULT_REQUEST_TIMEOUT_S``."""
         if self.engine.request_timeout_s is not None:
             return self.engine.request_timeout_s
         if self.timeout_s is None:
@@ -168,8 +163,7 @@ class _SuiteBase(_Model):
         return [s.name for s in registry.all_investigations() if getattr(self, s.name).enabled]
 
     def refuse_disabled(self, only: Any) -> None:
-        """Raise :class:`ParamsError` for ``--only`` naming a disabled investigation, with the
-        ``--set NAME.enabled=true`` that enables it."""
+        """Raise ParamsError for ``--only`` naming a disabled investigation."""
         off = [n for n in only or () if n in type(self).model_fields and not getattr(self, n).enabled]
         if off:
             raise ParamsError(
@@ -180,27 +174,22 @@ class _SuiteBase(_Model):
             )
 
     def section(self, name: str) -> InvestigationParams:
-        """The validated params section of investigation ``name``."""
         return getattr(self, name)
 
     def engine_spec(self) -> EngineSpec:
-        """The validated engine spec (the ``engine`` section), its ``request_timeout_s`` filled
-        in from the cell timeout when not given (:meth:`request_timeout_s`)."""
+        """The engine spec, ``request_timeout_s`` filled in (:meth:`request_timeout_s`)."""
         return self.engine.replace(request_timeout_s=self.request_timeout_s())
 
     def engine_dict(self) -> dict[str, Any]:
-        """The engine spec as a plain dict (:meth:`EngineSpec.to_dict`: every field of its kind),
-        what notebooks receive as their ``engine`` parameter (:meth:`engine_spec`'s)."""
+        """:meth:`engine_spec` as a plain dict (a notebook's ``engine`` parameter)."""
         return self.engine_spec().to_dict()
 
     def invariants_all(self) -> dict[str, Any]:
-        """Every gated invariant: the investigations' defaults overlaid with this file's
-        ``invariants`` (keys whose limit is None are not gated and left out)."""
+        """Every gated invariant (None limits left out), defaults overlaid with ``invariants``."""
         return {k: v for k, v in self.invariants.model_dump().items() if v is not None}
 
 
 def _build_models() -> tuple[type[BaseModel], type[BaseModel]]:
-    """(InvariantsParams, SuiteParams) assembled from the registry."""
     inv_fields: dict[str, Any] = {
         k: (f.annotation, f) for k, f in registry.EngineInvariants.model_fields.items()
     }
@@ -236,7 +225,6 @@ def _is_model(ann: Any) -> bool:
 
 
 def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the model at ``loc`` (the parent of an unknown key)."""
     cur: Any = model
     for part in (p for p in loc if not isinstance(p, int)):
         if not _is_model(cur) or part not in cur.model_fields:
@@ -251,7 +239,7 @@ def _unwrap(ann: Any) -> Any:
 
 
 def _line_of(text: str, loc: tuple) -> int | None:
-    """1-based line of the YAML node at ``loc`` (best effort)."""
+    """1-based line of the YAML node at ``loc``, best effort."""
     try:
         node = yaml.compose(text)
     except yaml.YAMLError:
@@ -283,7 +271,7 @@ def _format_error(err: dict[str, Any], source: str, text: str | None) -> str:
     typ = err.get("type", "")
     ctx = err.get("ctx") or {}
     kind = None
-    if loc[:1] == ("engine",):  # the union's tag names the kind, not a key: drop it
+    if loc[:1] == ("engine",):  # drop the union's tag
         kind, rest = split_kind(loc[1:])
         loc = ("engine", *rest)
         if typ in (CROSS_FIELD, BAD_KIND):  # a rule about one field, or the kind itself
@@ -331,7 +319,7 @@ def parse_params(data: Any, source: str = "<params>", text: str | None = None) -
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """yaml.SafeLoader with YAML 1.2 floats (``1e3``) that refuses a key given twice in one mapping."""
+    """YAML 1.2 floats (``1e3``); refuses a key given twice in one mapping."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -345,7 +333,6 @@ class _Yaml12Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-#: YAML 1.2 core schema float (after SafeLoader's own resolvers: ints stay ints)
 _Yaml12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
@@ -353,9 +340,7 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
-#: Input limits of every YAML perfkit reads (params files, ``-p`` values, engine spec files):
-#: a real params file is a few KiB and 4 levels deep; these refuse what would exhaust the
-#: parser's stack (a RecursionError) or expand through aliases into more values than memory holds.
+#: limits of every YAML perfkit reads (docs/robustness.md)
 MAX_YAML_BYTES = 1 * 2**20
 MAX_YAML_DEPTH = 64
 MAX_YAML_VALUES = 100_000
@@ -370,8 +355,7 @@ _CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToke
 
 
 class YamlLimitError(yaml.YAMLError):
-    """YAML beyond :data:`MAX_YAML_BYTES`, :data:`MAX_YAML_DEPTH` or :data:`MAX_YAML_VALUES`;
-    a :class:`yaml.YAMLError`, so every caller's "invalid YAML" handling names the file."""
+    """YAML beyond a ``MAX_YAML_*`` limit (a :class:`yaml.YAMLError`)."""
 
     def __init__(self, problem: str) -> None:
         self.problem = problem
@@ -379,7 +363,6 @@ class YamlLimitError(yaml.YAMLError):
 
 
 def _check_limits(text: str) -> None:
-    """Refuse text over the size or nesting limit before parsing it (the scanner is stack-safe)."""
     if len(text) > MAX_YAML_BYTES:
         raise YamlLimitError(f"{len(text):,} characters, over the limit of {MAX_YAML_BYTES:,}")
     depth = 0
@@ -395,7 +378,6 @@ def _check_limits(text: str) -> None:
 
 
 def _check_values(data: Any) -> None:
-    """Refuse data holding more than :data:`MAX_YAML_VALUES` values, aliases expanded."""
     stack, n = [data], 0
     while stack:
         v = stack.pop()
@@ -410,24 +392,19 @@ def _check_values(data: Any) -> None:
 
 
 def load_yaml(text: str) -> Any:
-    """Parse params YAML (safe; YAML 1.2 floats, see :class:`_Yaml12Loader`).
-
-    Raises:
-        yaml.YAMLError: invalid YAML; :class:`YamlLimitError` for text over the ``MAX_YAML_*``
-            limits or an integer over Python's 4,300-digit limit.
-    """
+    """Parse params YAML (safe, YAML 1.2 floats). Raises yaml.YAMLError; YamlLimitError over a
+    limit."""
     _check_limits(text)
     try:
         data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
-    except ValueError as exc:  # Python's int limit: a 4,300-digit integer was a traceback
+    except ValueError as exc:  # Python's 4,300-digit int limit
         raise YamlLimitError(f"a number too long to read ({exc})") from None
     _check_values(data)
     return data
 
 
 def yaml_value(text: str) -> Any:
-    """``text`` read as YAML 1.2 (:func:`load_yaml`), as ``-p`` and ``--set`` values are.
-    Raises :class:`ParamsError`: the parser's problem, one line."""
+    """``text`` read as YAML 1.2; ParamsError: the parser's problem, one line."""
     try:
         return load_yaml(text)
     except yaml.YAMLError as exc:
@@ -435,9 +412,8 @@ def yaml_value(text: str) -> Any:
 
 
 def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
-    """A copy of ``data`` with each ``section.key=value`` of ``sets`` put in (the value read as
-    YAML; a key the file lacks is added, for validation to name). Raises :class:`ParamsError`
-    naming the item: no ``=`` or key, a value that is not YAML, a key under a non-mapping."""
+    """A copy of ``data`` with each ``section.key=value`` of ``sets`` put in (value as YAML).
+    Raises ParamsError naming a bad item."""
     out = copy.deepcopy(data)
     for item in sets:
         key, eq, text = item.partition("=")
@@ -458,8 +434,7 @@ def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
 
 
 def not_a_file(path: str | Path) -> str:
-    """Why ``path`` is no regular file, as the end of "params file ...": "not found", "is a
-    directory, not a file" or "is not a regular file" (a device, a FIFO)."""
+    """Why ``path`` is no regular file: "not found", "is a directory, not a file", ..."""
     p = Path(path)
     if p.is_dir():
         return "is a directory, not a file"
@@ -467,11 +442,10 @@ def not_a_file(path: str | Path) -> str:
 
 
 def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
-    """Read and validate a params YAML file with ``sets`` (``--set``) applied over it
-    (:func:`apply_sets`). Raises :class:`ParamsError` naming the key (and the line, or
-    ``--set``), FileNotFoundError."""
+    """Read and validate a params file, ``sets`` (``--set``) applied. Raises ParamsError naming
+    the key and line, FileNotFoundError."""
     p = Path(path)
-    if (size := p.stat().st_size) > MAX_YAML_BYTES:  # before reading it
+    if (size := p.stat().st_size) > MAX_YAML_BYTES:
         raise ParamsError(f"{p}: {size:,} bytes, over the limit of {MAX_YAML_BYTES:,}")
     try:
         text = p.read_text(encoding="utf-8")
@@ -483,17 +457,15 @@ def load_params(path: str | Path, sets: Sequence[str] = ()) -> SuiteParams:
         raise ParamsError(f"{p}: invalid YAML: {str(exc).replace('<unicode string>', str(p))}") from None
     if data is None:
         raise ParamsError(f"{p}: empty params file")
-    params = parse_params(data, str(path), text)  # the file's own errors with their lines first
+    params = parse_params(data, str(path), text)  # the file's own errors first, with lines
     return parse_params(apply_sets(data, sets), f"{path} with --set {' '.join(sets)}") if sets else params
 
 
 def load_side(
     path: str | Path, checkout: str | Path | None = None
 ) -> tuple[EngineSpec, dict[str, Any] | None]:
-    """One side of an A/B (``perfkit ab --a/--b``) -> (EngineSpec, request dict or None): a
-    params file (a mapping with ``engine``; its ``request`` taken) or an engine spec; with
-    ``checkout`` (``perfkit bisect``), ``{checkout}`` in its text is that directory's absolute path.
-    Raises :class:`ParamsError` naming the file: missing, unreadable, not YAML, not a mapping, invalid."""
+    """One A/B side, a params file or an engine spec -> (EngineSpec, request dict or None);
+    ``{checkout}`` in its text replaced by ``checkout``'s path. ParamsError naming the file."""
     p = Path(path)
     if not p.is_file():
         raise ParamsError(f"{not_a_file(p)}: {path}")
@@ -504,7 +476,7 @@ def load_side(
         data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    except UnicodeDecodeError as exc:  # a binary file given by mistake
+    except UnicodeDecodeError as exc:
         raise ParamsError(
             f"{path}: not UTF-8 text (byte {exc.start}): expected an engine spec or a params file (YAML)"
         ) from None

@@ -1,7 +1,6 @@
 """Offline wheelhouse for air-gapped GPU hosts (``perfkit wheelhouse download|install``): the
-closure of perfkit's requirements for a profile (``full``, ``measure``, ``ray``, joined with
-``+``), less what the host has (its ``pip list --format=freeze``), as binary wheels for its
-Python; the ray wheel slimmed (:func:`slim_wheel`). See docs/gpu-hosts.md.
+closure of a profile's requirements less what the host has, as binary wheels for its Python.
+See docs/gpu-hosts.md.
 """
 
 from __future__ import annotations
@@ -24,69 +23,29 @@ from perfkit.engine.owner import run_bounded
 
 log = logging.getLogger(__name__)
 
-#: manylinux tags pip must be told explicitly (it matches each exactly), newest first.
-DEFAULT_PLATFORMS = (
-    "manylinux_2_28_x86_64",
-    "manylinux_2_27_x86_64",
-    "manylinux_2_24_x86_64",
-    "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64",
-    "manylinux1_x86_64",
-    "any",
+#: manylinux tags pip must be told explicitly (it matches each exactly), newest first
+DEFAULT_PLATFORMS = tuple(
+    "manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 "
+    "manylinux2014_x86_64 manylinux1_x86_64 any".split()
 )
-
-
-#: What a measuring host needs (no Jupyter stack: notebooks render from bundles elsewhere).
-MEASURE_ROOTS = (
-    "diffusers",
-    "transformers",
-    "tokenizers",
-    "accelerate",
-    "fastapi",
-    "uvicorn",
-    "pydantic",
-    "httpx",
-    "psutil",
-    "nvidia-ml-py",
-    "pandas",
-    "pyarrow",
-    "numpy",
-    "scipy",
-    "tqdm",
-    "click",
-    "PyYAML",
-    "matplotlib",
-    "packaging",
+#: what a measuring host needs (no Jupyter stack)
+MEASURE_ROOTS = tuple(
+    "diffusers transformers tokenizers accelerate fastapi uvicorn pydantic httpx psutil nvidia-ml-py "
+    "pandas pyarrow numpy scipy tqdm click PyYAML matplotlib packaging".split()
 )
-
-
-#: What the Ray executor needs on a worker (its requirements are followed; extras are not).
 RAY_ROOTS = ("ray",)
 PROFILES = {"full": ("perfkit",), "measure": MEASURE_ROOTS, "ray": RAY_ROOTS}
 
-#: members left out of the ray wheel by :func:`slim_wheel`: the Java worker, the dashboard's
-#: prebuilt web UI (JS bundles and source maps; Ray runs without it) and Ray's AI libraries
-#: (RLlib, LLM, Serve, Tune, Train, Data). Ray Core (``import ray``, tasks, actors, runtime_env,
-#: placement groups, the dashboard's Python side) is untouched.
-RAY_SLIM_DROP = (
-    "ray/jars/",
-    "ray/dashboard/client/build/",
-    "ray/rllib/",
-    "ray/llm/",
-    "ray/serve/",
-    "ray/tune/",
-    "ray/train/",
-    "ray/data/",
+#: left out of the ray wheel: the Java worker, the dashboard's web UI, Ray's AI libraries
+RAY_SLIM_DROP = tuple(
+    "ray/jars/ ray/dashboard/client/build/ ray/rllib/ ray/llm/ ray/serve/ ray/tune/ ray/train/ "
+    "ray/data/".split()
 )
 SLIM_NOTE = "PERFKIT_SLIM"
 
 
 def profile_roots(profile: str) -> tuple[str, ...]:
-    """Roots of a profile name (``measure``, ``measure+ray``, ...).
-
-    Raises:
-        ValueError: an unknown profile.
-    """
+    """Roots of a profile name (``measure``, ``measure+ray``, ...); ValueError when unknown."""
     roots: list[str] = []
     for part in profile.split("+"):
         if part not in PROFILES:
@@ -100,16 +59,8 @@ def _record_hash(data: bytes) -> str:
 
 
 def slim_wheel(path: str | Path, drop: tuple[str, ...] = RAY_SLIM_DROP) -> tuple[int, int]:
-    """Rewrite a wheel in place without the members under the ``drop`` prefixes, its RECORD
-    without their lines and with ``<dist-info>/PERFKIT_SLIM`` (what was dropped); file modes
-    kept; a wheel slimmed already is left as it is.
-
-    Returns:
-        (size before, size after) in bytes.
-
-    Raises:
-        ValueError: not a wheel (no ``*.dist-info/RECORD``).
-    """
+    """Rewrite a wheel in place without the members under ``drop`` (RECORD too), noting them in
+    ``<dist-info>/PERFKIT_SLIM``; (size before, size after) in bytes. ValueError: not a wheel."""
     p = Path(path)
     before = p.stat().st_size
     with zipfile.ZipFile(p) as zin:
@@ -148,12 +99,7 @@ def requirement_closure(
     have: set[str] = frozenset(),
 ) -> dict[str, str]:
     """Project name -> installed version for the dependency closure of ``roots`` here, not
-    descending into ``have`` (the host's copy brings its own), markers evaluated for this
-    interpreter, extras followed where a requirement names them; ``perfkit`` left out.
-
-    Raises:
-        metadata.PackageNotFoundError: a root is not installed here.
-    """
+    descending into ``have``, ``perfkit`` left out; PackageNotFoundError: a root not installed."""
     seen: dict[str, str] = {}
     root_keys = {canonical(r) for r in roots}
     stack: list[tuple[str, tuple[str, ...]]] = [(r, ()) for r in roots]
@@ -196,8 +142,7 @@ def read_have(path: str | Path) -> set[str]:
 def missing(
     closure: dict[str, str], have: set[str], skip: set[str] = frozenset({"torch", "triton"})
 ) -> dict[str, str]:
-    """The part of ``closure`` the host lacks (torch/triton are never shipped: the host's own build
-    is the one that matches its driver)."""
+    """The part of ``closure`` the host lacks, never torch/triton (the host's build matches its driver)."""
     skip = {canonical(s) for s in skip}
     return {n: v for n, v in closure.items() if n not in have and n not in skip}
 
@@ -209,15 +154,8 @@ def download(
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS,
     profile: str = "full",
 ) -> list[str]:
-    """Download wheels of what the host lacks into ``dest`` for ``profile`` (:data:`PROFILES`,
-    joined with ``+``; the ray wheel slimmed). Returns the requirement strings.
-
-    Raises:
-        RuntimeError: pip could not find a binary wheel for a requirement (its output
-            included), or a root (e.g. ray for ``ray``) is not installed here (its version and
-            requirements are read from this environment).
-        ValueError: an unknown profile.
-    """
+    """Download wheels of what the host lacks for ``profile`` into ``dest``; the requirement
+    strings. Raises RuntimeError (no binary wheel, a root not installed here), ValueError."""
     roots = profile_roots(profile)
     d = Path(dest)
     d.mkdir(parents=True, exist_ok=True)
@@ -238,7 +176,7 @@ def download(
     for r in reqs:
         out = run_bounded(cmd + [r], capture_output=True, text=True)
         if out.returncode != 0:
-            # the exact version may have no wheel for that Python: take the newest that has one
+            # no wheel of that version for that Python: the newest that has one
             out = run_bounded(cmd + [r.split("==")[0]], capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"pip download {r} failed:\n{out.stdout}\n{out.stderr}")
@@ -250,13 +188,8 @@ def download(
 
 
 def install(wheel_dir: str | Path, target: str | Path | None = None) -> None:
-    """Install a wheelhouse offline with pip (into ``target`` when given).
-
-    Raises:
-        FileNotFoundError: no wheel in ``wheel_dir``.
-        ValueError: a wheel that is not a zip file (truncated, not a wheel), named.
-        RuntimeError: pip failed (its exit status; pip's own message is on stderr).
-    """
+    """Install a wheelhouse offline with pip. Raises FileNotFoundError (no wheel), ValueError (a
+    wheel that is not a zip, named), RuntimeError (pip failed)."""
     wheels = sorted(str(p) for p in Path(wheel_dir).glob("*.whl"))
     if not wheels:
         raise FileNotFoundError(f"{wheel_dir}: no .whl files")

@@ -1,8 +1,6 @@
-"""One probe: build a checkout (``build`` or the ``python_path`` overlay), read the engine spec
-for it (``{checkout}`` filled), and run ``perfkit ab``'s sequential A/B of it against a reference
-checkout on one metric, so a verdict is what ``perfkit ab`` would say; git for it: the commit range,
-subjects and author dates, probe checkouts as detached worktrees in a temporary directory, always
-removed (the user's checkout is never touched). See docs/history.md ("Probe builders").
+"""One probe: build a checkout in a temporary detached worktree, read its engine spec and run
+``perfkit ab``'s sequential A/B of it against a reference checkout on one metric; the git calls
+for it. See docs/history.md ("Probe builders").
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import run_bounded
 from perfkit.engine.spec import EngineSpec
 from perfkit.history.runs import git as _git
-from perfkit.params import ParamsError, load_side
+from perfkit.params import ParamsError, load_side, not_a_file
 from perfkit.report.ab import write_ab_outputs
 from perfkit.stats import DEFAULT_THRESHOLD
 
@@ -32,8 +30,7 @@ log = logging.getLogger(__name__)
 
 
 class BisectError(ValueError):
-    """Bad input for a bisection or a confirmation (a repository, a commit, a spec): the message
-    names it."""
+    """Bad input for a bisection or a confirmation (a repository, a commit, a spec)."""
 
 
 git = functools.partial(_git, error=BisectError)
@@ -71,8 +68,7 @@ _FORMAT = "%H%x1f%s%x1f%aI"
 
 
 def commit_info(repo: str | Path, rev: str) -> Commit:
-    """Commit ``rev`` of ``repo``: its full sha, subject and author date. Raises BisectError
-    naming it when unknown."""
+    """Commit ``rev`` of ``repo``; BisectError naming it when unknown."""
     try:
         out = git(repo, "show", "-s", f"--format={_FORMAT}", f"{rev}^{{commit}}", "--")
     except BisectError:
@@ -81,13 +77,8 @@ def commit_info(repo: str | Path, rev: str) -> Commit:
 
 
 def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Commit]]:
-    """The good commit and the commits after it up to ``bad`` (oldest first, ``bad`` last), along
-    the first-parent line (one ``git log --first-parent --reverse good..bad``).
-
-    Raises:
-        BisectError: not a repository, an unknown commit, ``good`` not an ancestor of ``bad``, or
-            the same commit.
-    """
+    """The good commit and the first-parent commits after it up to ``bad`` (oldest first).
+    Raises BisectError: not a repository, an unknown commit, ``good`` not an ancestor of ``bad``."""
     check_repo(repo)
     gc, bc = commit_info(repo, good), commit_info(repo, bad)
     g, b = gc.sha, bc.sha
@@ -107,8 +98,7 @@ def commit_range(repo: str | Path, good: str, bad: str) -> tuple[Commit, list[Co
 
 @contextlib.contextmanager
 def worktree(repo: str | Path, sha: str) -> Iterator[Path]:
-    """A detached worktree of ``sha`` in a new temporary directory; removed on exit, also on an
-    error."""
+    """A detached worktree of ``sha`` in a new temporary directory, removed on exit."""
     tmp = Path(tempfile.mkdtemp(prefix=f"perfkit-probe-{sha[:10]}-"))
     path = tmp / "checkout"
     try:
@@ -123,10 +113,8 @@ def worktree(repo: str | Path, sha: str) -> Iterator[Path]:
 
 
 def run_build(command: str, cwd: Path, log_path: Path, timeout_s: float | None = None) -> str | None:
-    """Run the build command (a shell line) in the checkout ``cwd``; its output goes to
-    ``log_path``. Returns None when it succeeded, else the error in one line (the exit code
-    and the output's last line). Past ``timeout_s`` (or on an interrupt) the build's whole
-    process tree is ended (:func:`perfkit.engine.owner.run_bounded`), not only its shell."""
+    """Run the shell line ``command`` in ``cwd``, output to ``log_path``; None when it succeeded,
+    else the error in one line. Past ``timeout_s`` its whole process tree is ended."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         p = run_bounded(command, timeout_s, shell=True, cwd=cwd, capture_output=True, text=True)
@@ -142,20 +130,9 @@ def run_build(command: str, cwd: Path, log_path: Path, timeout_s: float | None =
 
 @dataclass(frozen=True)
 class ProbeSetup:
-    """How every probe is built and compared.
-
-    Attributes:
-        spec: the engine spec YAML or params file (``{checkout}`` is filled per checkout).
-        metric: the A/B metric that decides (e.g. ``DenoisingStage``, ``warm_e2e``).
-        python_path: the overlay: a directory of the checkout prepended to ``PYTHONPATH``
-            (None: none).
-        build: a shell command run in each checkout before its launches (None: none).
-        design: the sequential A/B design (launches a side at the first look and at most).
-        threshold: the decision threshold (fraction; a regression is an interval above it).
-        warm: warm requests a launch.
-        build_timeout_s: a build running longer is that probe's error (s; None: no limit).
-        thresholds: per-metric thresholds (fraction; ``--threshold-from``), beside ``threshold``.
-    """
+    """How every probe is built and compared: ``python_path``, a directory of the checkout
+    prepended to ``PYTHONPATH``; ``build``, a shell line run in each checkout first;
+    ``threshold(s)`` fractions."""
 
     spec: Path
     metric: str = "DenoisingStage"
@@ -168,20 +145,17 @@ class ProbeSetup:
     thresholds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Raise BisectError when the spec file is missing or a directory."""
         if not Path(self.spec).is_file():
-            what = "is a directory, not a file" if Path(self.spec).is_dir() else "not found"
-            raise BisectError(f"--spec {self.spec}: {what}")
+            raise BisectError(f"--spec {self.spec}: {not_a_file(self.spec)}")
 
     def require_varies(self) -> None:
-        """Raise BisectError unless a probe's engine can depend on its commit (a build command,
-        the Python overlay, or ``{checkout}`` in the spec)."""
+        """Raise BisectError unless a probe's engine can depend on its commit."""
         if self.build or self.python_path is not None:
             return
         try:
             text = Path(self.spec).read_text(encoding="utf-8")
         except OSError:
-            return  # a missing spec is named where it is read
+            return
         if "{checkout}" not in text:
             raise BisectError(
                 f"{self.spec} does not depend on the checkout (no {{checkout}} in it) and neither "
@@ -189,7 +163,6 @@ class ProbeSetup:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (the design's too)."""
         d = asdict(self)
         d["spec"] = str(self.spec)
         d["design"] = self.design.to_dict()
@@ -198,22 +171,9 @@ class ProbeSetup:
 
 @dataclass
 class Probe:
-    """One A/B of a commit against the reference (the good commit, or a step's commit before).
-
-    Attributes:
-        commit: the commit probed.
-        position: its place in the range (1 = the first commit after the good one).
-        verdict: ``bad`` (the A/B decided a regression of the metric), ``good`` (no change or an
-            improvement), ``undecided`` (inconclusive at the maximum), ``error`` (a build or
-            launch failed, or the metric was not measured).
-        decision: the A/B decision of the metric (None when it did not run).
-        ratio, low, high: B/A of the metric and its interval (fraction; None: not measured).
-        launches: side -> launches run.
-        error: why the probe gave no verdict (a build, a launch), else None.
-        reason: the sequential procedure's stop reason.
-        out: the probe's A/B output directory (ab.json, summary.md, report.html).
-        wall_s: its wall time (s), build included.
-    """
+    """One A/B of a commit (``position`` 1: the first after the good one) against the reference.
+    ``verdict``: ``bad`` (a regression), ``good``, ``undecided`` or ``error``; ``ratio``, ``low``,
+    ``high``: B/A and its interval; ``launches``: side -> launches run; ``wall_s`` build included."""
 
     commit: Commit
     position: int
@@ -222,8 +182,8 @@ class Probe:
     ratio: float | None = None
     low: float | None = None
     high: float | None = None
-    launches: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    launches: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     out: str = ""
     wall_s: float = 0.0
@@ -232,14 +192,8 @@ class Probe:
 def load_spec(
     path: Path, checkout: Path, python_path: str | None = None
 ) -> tuple[EngineSpec, dict[str, Any]]:
-    """The engine spec and request of ``path`` for ``checkout``: ``{checkout}`` replaced by its
-    absolute path; with ``python_path``, ``checkout/python_path`` prepended to the spec's (else
-    this process's) ``PYTHONPATH``.
-
-    Raises:
-        BisectError: the file is missing, not YAML, not a mapping, or not a valid spec or params
-            file (names the file and the key); ``python_path`` is not a directory of the checkout.
-    """
+    """The engine spec and request of ``path`` for ``checkout`` (``{checkout}`` filled, the overlay
+    on ``PYTHONPATH``). Raises BisectError naming a bad file and key, or a bad ``python_path``."""
     try:
         spec, request = load_side(path, checkout)
     except ParamsError as exc:
@@ -255,12 +209,8 @@ def load_spec(
 
 
 def prepare(checkout: Path, setup: ProbeSetup, log_dir: Path) -> tuple[EngineSpec, dict[str, Any]]:
-    """Build ``checkout`` (``setup.build``, output in ``log_dir/build.log``) and read the spec
-    for it.
-
-    Raises:
-        BisectError: the build failed (its exit code and last line) or the spec is bad.
-    """
+    """Build ``checkout`` (log in ``log_dir/build.log``) and read its spec; BisectError when the
+    build failed or the spec is bad."""
     if setup.build:
         err = run_build(setup.build, checkout, log_dir / "build.log", setup.build_timeout_s)
         if err:
@@ -276,9 +226,8 @@ def compare(
     commit: Commit,
     position: int,
 ) -> Probe:
-    """The sequential A/B of ``probe`` (B) against ``ref`` (A) on ``setup.metric``, outputs under
-    ``out``; a failed launch or an unmeasured metric is the probe's ``error``, never raised
-    (``wall_s`` left to the caller)."""
+    """The sequential A/B of ``probe`` (B) against ``ref`` (A) on ``setup.metric`` into ``out``; a
+    failed launch or an unmeasured metric is the probe's ``error``, never raised."""
     spec_a, req_a = ref
     spec_b, req_b = probe
     if req_a and req_b and req_a != req_b:
@@ -291,7 +240,7 @@ def compare(
     bundles = run_sequential(specs, request, setup.warm, setup.design, out, setup.threshold, thr, gate)
     try:
         res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, thr, gate=gate)
-    except ValueError as exc:  # the metric was not compared
+    except ValueError as exc:
         return Probe(commit, position, "error", error=str(exc), out=str(out))
     write_ab_outputs(res, out)
     seq = res.meta.get("sequential") or {}
@@ -314,6 +263,6 @@ def compare(
     launches, reason = dict(seq.get("launches_run") or {}), str(seq.get("reason") or "")
     log.info("probe %s (%s): %s, %s", commit.short, commit.subject, verdict, decision)
     return Probe(
-        commit, position, verdict, decision, num("ratio"), num("low"), num("high"), launches, error, reason,
+        commit, position, verdict, decision, num("ratio"), num("low"), num("high"), error, launches, reason,
         str(out),
     )  # fmt: skip

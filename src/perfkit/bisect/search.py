@@ -1,7 +1,5 @@
-"""``perfkit bisect`` (:func:`run_bisect`: the first bad commit between a good and a bad one, a
-sequential A/B at each probe; docs/history.md, "Search") and ``perfkit history confirm``
-(:func:`run_confirm`: an A/B between the commits either side of a history change point, stored
-next to the step; "Confirm"). Their outputs: :mod:`perfkit.report.history_site`.
+"""``perfkit bisect`` (:func:`run_bisect`) and ``perfkit history confirm`` (:func:`run_confirm`);
+docs/history.md ("Search", "Confirm"). Their outputs: :mod:`perfkit.report.history_site`.
 """
 
 from __future__ import annotations
@@ -35,28 +33,15 @@ from perfkit.report.history_site import write_bisect_outputs
 
 log = logging.getLogger(__name__)
 
-#: the result files under the output directory
 RESULT_FILE = "bisect.json"
 CONFIRM_FILE = "confirm.json"
-#: a confirmation's outcome -> exit code
 CONFIRM_EXIT_CODES = {"confirmed": 0, "not reproduced": 1, "undecided": 1, "error": 2}
 
 
 @dataclass
 class BisectResult:
-    """What the search found.
-
-    Attributes:
-        outcome: ``found``, ``not reproduced``, ``not decided`` or ``error``.
-        exit_code: 0 found, 1 not reproduced, 2 not decided or an error.
-        good: the good commit; bad: the bad commit; commits: the range (positions 1..n).
-        probes: in the order they ran.
-        found: the first bad commit (outcome ``found``), else None.
-        lo, hi: the range left: the first bad commit is one of positions lo+1..hi.
-        message: the outcome in one sentence.
-        setup: how probes were built and compared (:meth:`ProbeSetup.to_dict`).
-        repo: the repository; wall_s: the whole search (s).
-    """
+    """What the search found: ``outcome`` ``found`` (exit 0), ``not reproduced`` (1), ``not
+    decided`` or ``error`` (2); the first bad commit is one of positions lo+1..hi."""
 
     outcome: str
     exit_code: int
@@ -73,7 +58,6 @@ class BisectResult:
     wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
         return _result_dict(
             self.probes,
             kind="bisect",
@@ -92,7 +76,6 @@ class BisectResult:
 
 
 def _result_dict(probes: list[Probe], **keys: Any) -> dict[str, Any]:
-    """``keys``, then ``launches`` (every probe, both sides) and ``probes``: bisect.json, confirm.json."""
     launches = sum(sum(p.launches.values()) for p in probes)
     return finite(
         keys | {"launches": launches, "probes": [asdict(p) | {"commit": p.commit.to_dict()} for p in probes]}
@@ -109,7 +92,6 @@ def next_position(lo: int, hi: int, skipped: set[int]) -> int | None:
 
 
 def _probe(repo: Path, commit: Commit, position: int, ref: Any, setup: ProbeSetup, d: Path) -> Probe:
-    """Check out, build and A/B one commit into ``d``; a build or spec error is the probe's error."""
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with worktree(repo, commit.sha) as checkout:
@@ -122,15 +104,9 @@ def _probe(repo: Path, commit: Commit, position: int, ref: Any, setup: ProbeSetu
 
 
 def bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: str | Path) -> BisectResult:
-    """Find the first commit after ``good`` up to ``bad`` whose ``setup.metric`` regressed
-    against ``good``, writing ``out/bisect.json`` and each probe's A/B under
-    ``out/probes/<position>-<commit>/``.
-
-    Raises:
-        BisectError: bad input (a repository, a commit, the spec). A good commit that cannot be
-            built is the result's ``error`` outcome (exit 2; nothing to compare with), so the
-            report is still written.
-    """
+    """The first commit after ``good`` up to ``bad`` whose ``setup.metric`` regressed against
+    ``good`` (``out/bisect.json``, probes under ``out/probes/``). Raises BisectError for bad input;
+    a good commit that cannot be built is the ``error`` outcome."""
     t0 = time.time()
     repo, out = Path(repo).resolve(), Path(out)
     good_c, commits = commit_range(repo, good, bad)
@@ -213,13 +189,8 @@ def _save(res: dict[str, Any], out: Path, name: str = RESULT_FILE) -> None:
 
 
 def ab_metric(store_metric: str) -> str:
-    """The A/B metric of a store metric: ``<Stage>_ms`` -> ``<Stage>`` (e.g. DenoisingStage),
-    ``e2e_ms`` -> ``warm_e2e``, ``first_result_ms`` -> ``first_result``, ``avg_denoise_step_ms``
-    and ``median_denoise_step_ms`` -> ``denoising_step``.
-
-    Raises:
-        BisectError: a metric with no A/B counterpart (``--metric`` is then needed).
-    """
+    """The A/B metric of a store metric (``<Stage>_ms`` -> ``<Stage>``); BisectError when it has
+    none."""
     fixed = {
         "e2e_ms": "warm_e2e",
         "first_result_ms": "first_result",
@@ -236,8 +207,7 @@ def ab_metric(store_metric: str) -> str:
 
 
 def run_bisect(repo: str | Path, good: str, bad: str, setup: ProbeSetup, out: Path) -> tuple[int, Path]:
-    """``perfkit bisect``: the search (:func:`perfkit.bisect.search.bisect`) and its outputs.
-    Returns (exit code, summary.md path). Raises BisectError for bad input."""
+    """``perfkit bisect``: (exit code, summary.md path). Raises BisectError for bad input."""
     res = bisect(repo, good, bad, setup, out)
     paths = write_bisect_outputs(res.to_dict(), out)
     return res.exit_code, paths["summary"]
@@ -255,15 +225,9 @@ def run_confirm(
     hardware: str | None = None,
 ) -> tuple[int, Path]:
     """``perfkit history confirm``: A/B the commits either side of step ``change`` of ``series``
-    on ``metric`` (else :func:`ab_metric` of the series'; ``setup.metric`` is not read), store
-    the outcome, write ``out/confirm.json`` (shaped like ``bisect.json``: one probe), the
-    probe's A/B under ``out/probe/`` and the outputs. Returns (exit code, summary.md path).
-
-    Raises:
-        HistoryError: no such series or step.
-        BisectError: a commit of the step is not in ``repo``, the spec is bad, or the commit
-            before could not be built (nothing to compare with).
-    """
+    on ``metric`` (default :func:`ab_metric` of the series'), store the outcome; (exit code,
+    summary.md path). Raises HistoryError (no such step), BisectError (a commit not in ``repo``,
+    a bad spec, the commit before not built)."""
     t0 = time.time()
     out = Path(out)
     analysis, step = find_step(store, series, change, hardware=hardware)

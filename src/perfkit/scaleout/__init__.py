@@ -1,5 +1,2 @@
-"""Scale-out: the suite's launches as units of work, CI partitions, shard merging, executors.
-
-The in-process executor is the default; ``perfkit[ray]`` adds a Ray executor. See
-docs/scale-out.md.
-"""
+"""Scale-out: the suite's launches as units of work, CI partitions, shard merging, executors
+(in process; Ray with ``perfkit[ray]``). See docs/scale-out.md."""

@@ -1,5 +1,4 @@
-"""``perfkit merge``'s library: the layout's names, the params digest (:func:`params_hash`) and
-:func:`merge_shards` (manifests checked, shard outputs joined, every problem named); layout in
+"""``perfkit merge``'s library: :func:`params_hash` and :func:`merge_shards`; layout in
 docs/scale-out.md, what is compared in docs/robustness.md ("Merge identity").
 """
 
@@ -20,7 +19,7 @@ from perfkit.bundle import TABLES, ResultBundle, read_meta, redact
 from perfkit.bundle_schema import TABLES as TABLE_SCHEMAS
 from perfkit.common import jsonsafe
 from perfkit.investigations import registry
-from perfkit.params import ParamsError, SuiteParams
+from perfkit.params import ParamsError, SuiteParams, parse_params
 from perfkit.scaleout.units import MAX_SHARDS, OUTCOME, WorkUnit
 
 log = logging.getLogger(__name__)
@@ -30,19 +29,16 @@ UNITS_DIR = "units"
 MERGED_DIR = "merged"
 MERGE_FILE = "merge.json"
 TIERS = ("per-commit", "extra")
-#: the note on a part measured by a perfkit that did not record its plan (merged, not checked)
 PLAN_NOT_RECORDED = "plan not recorded: not checked"
 
 
 def params_hash(params: SuiteParams) -> str:
-    """sha256 of the validated params (canonical JSON, whole floats as ints): equal for the same
-    settings whatever the file's comments, key order, path, or 0 written for 0.0."""
+    """sha256 of the validated params as canonical JSON, whole floats as ints (0 == 0.0)."""
     doc = json.dumps(_same_numbers(params.model_dump()), sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
 def _same_numbers(v: Any) -> Any:
-    """``v`` with every whole float as an int (0.0 -> 0), in nested dicts and lists."""
     if isinstance(v, float) and v.is_integer():
         return int(v)
     if isinstance(v, Mapping):
@@ -53,8 +49,7 @@ def _same_numbers(v: Any) -> Any:
 
 
 def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
-    """Pairs of unit ids whose last attempts overlapped in time (``started_at``/``ended_at``,
-    epoch seconds), sorted: [[a, b], ...] with a < b."""
+    """Pairs [a, b] (a < b, sorted) of unit ids whose last attempts overlapped in time."""
     spans = [
         (str(o["unit_id"]), float(o["started_at"]), float(o["ended_at"]))
         for o in outcomes
@@ -65,7 +60,6 @@ def concurrent_pairs(outcomes: Iterable[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def _read_manifest(d: Path) -> dict[str, Any]:
-    """``d``'s shard manifest, checked; ValueError naming the file and what is wrong with it."""
     f = d / MANIFEST
     if not f.is_file():
         raise ValueError(f"{d}: not a shard output (no {MANIFEST})")
@@ -83,7 +77,6 @@ def _read_manifest(d: Path) -> dict[str, Any]:
         raise ValueError(
             f"{f}: incomplete shard manifest (missing {', '.join(missing) or 'partition index/total'})"
         )
-    # the shapes merge relies on, checked here so that a hand-edited file is a named problem
     try:
         for k in ("index", "total"):
             if not isinstance(part[k], int) or isinstance(part[k], bool):
@@ -126,20 +119,16 @@ def _read_manifest(d: Path) -> dict[str, Any]:
 
 
 def _params_from(manifest: Mapping[str, Any]) -> SuiteParams:
-    from perfkit.params import parse_params
-
     return parse_params(manifest["params"], source=f"{manifest.get('params_file')} (from the shard manifest)")
 
 
-#: what merge.json's ``shards`` repeat of each shard's manifest
 _SHARD_KEYS = ("params_file", "params_sha256", "perfkit_commit", "perfkit_version", "executor", "wall_s")
 
-#: what every part and shard of one merged run must share
 _IDENTITY_KEYS = ("commit", "perfkit version", "engine spec", "request", "engine program")
 
 
 def _program(argv: Any) -> str | None:
-    """The executable's file name and the tokens before the first ``--option`` of an argv."""
+    """The executable's name and the tokens before the first ``--option``."""
     if not isinstance(argv, list) or not argv:
         return None
     out = [Path(str(argv[0])).name]
@@ -155,7 +144,6 @@ def _canon(v: Any) -> str:
 
 
 def _part_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What a part bundle's ``meta.json`` says it was measured with (:data:`_IDENTITY_KEYS`, ``plan``)."""
     params = meta.get("params") if isinstance(meta.get("params"), Mapping) else {}
     cmds = meta.get("commands") if isinstance(meta.get("commands"), Mapping) else {}
     so = meta.get("scaleout") if isinstance(meta.get("scaleout"), Mapping) else {}
@@ -188,7 +176,6 @@ def _short(v: Any) -> str:
 def _identity_problems(
     items: list[tuple[str, Mapping[str, Any]]], *, allow_mixed_commits: bool = False
 ) -> list[str]:
-    """A problem per ``(name, identity)`` and key that differs from the first's (if it has the key)."""
     if not items:
         return []
     ref_name, ref = items[0]
@@ -201,7 +188,7 @@ def _identity_problems(
                 continue
             got = ident.get(key)
             if got == [] and key == "engine program":
-                continue  # a part that launched nothing (it reused a launch, or was refused)
+                continue
             if got in (None, []):
                 out.append(f"{name}: records no {key} ({ref_name} has {_short(ref[key])})")
                 continue
@@ -222,24 +209,9 @@ def merge_shards(
     *,
     allow_mixed_commits: bool = False,
 ) -> dict[str, Any]:
-    """Join shard outputs into ``dest/<investigation>/`` bundles (``Investigation.join`` for split
-    investigations) and write ``dest/merge.json``.
-
-    Args:
-        dirs: shard output directories (``--partition`` ``--out`` of each shard).
-        dest: where the merged bundles go (``RUN/merged``).
-        params: the params to merge for (``perfkit merge --params``); default: the shards'.
-        allow_mixed_commits: accept shards and parts measured at other commits (each part's
-            commit is then in ``parts`` and on the page); otherwise each is a problem.
-
-    Returns:
-        the merge document (its keys: docs/scale-out.md, "Merge").
-
-    Every shard and part is compared with the first (docs/robustness.md, "Merge identity").
-
-    Raises:
-        ValueError: no shard manifest could be read at all (nothing to merge; naming the dirs).
-    """
+    """Join shard outputs into ``dest/<investigation>/`` bundles; returns the document written to
+    ``dest/merge.json`` (docs/scale-out.md, "Merge"). ``params``: default the shards'. Raises
+    ValueError when no shard manifest could be read (naming the dirs)."""
     dest = Path(dest)
     problems: list[str] = []
     manifests: list[tuple[Path, dict[str, Any]]] = []
@@ -252,19 +224,27 @@ def merge_shards(
         raise ValueError("nothing to merge: " + "; ".join(problems or ["no shard directories given"]))
     ref_dir, ref = manifests[0]
     notes: list[str] = []
-    # params as the user means them, digested alike on both sides (docs/robustness.md)
     the_params = params if params is not None else _params_from(ref)
     want_hash = params_hash(the_params)
     want_name = "--params" if params is not None else f"{ref.get('params_file')} (shard {ref_dir})"
     total = int(ref["partition"]["total"])
     by_index = _usable_shards(manifests, the_params, want_hash, want_name, problems)
-    problems += _shard_problems(by_index, ref, allow_mixed_commits)
+    problems += _identity_problems(
+        [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
+        allow_mixed_commits=allow_mixed_commits,
+    )
+    for i in range(1, total + 1):
+        if i not in by_index:
+            ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
+            problems.append(
+                f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
+            )
     units = [WorkUnit.from_dict(u) for u in ref["units"]]
     found = _Found()
     for u in units:
         if u.shard in by_index:
             _collect_unit(u, by_index[u.shard], total, found, problems, notes)
-    if found.identities:  # every part against the first, and the first against its shard's manifest
+    if found.identities:
         if units and units[0].shard in by_index:
             d0, m0 = by_index[units[0].shard]
             first = (f"shard {units[0].shard}/{total} ({d0})", _shard_identity(m0))
@@ -319,7 +299,7 @@ def _usable_shards(
     want_name: str,
     problems: list[str],
 ) -> dict[int, tuple[Path, dict[str, Any]]]:
-    """Shard index -> (dir, manifest) of the shards measured for this merge; others are problems."""
+    """Shard index -> (dir, manifest) of the shards measured for these params; others are problems."""
     ref_dir, ref = manifests[0]
     total = int(ref["partition"]["total"])
     by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
@@ -355,33 +335,12 @@ def _usable_shards(
     return by_index
 
 
-def _shard_problems(
-    by_index: dict[int, tuple[Path, dict[str, Any]]], ref: dict[str, Any], allow_mixed_commits: bool
-) -> list[str]:
-    """The usable shards against each other, and each missing shard naming its units."""
-    total = int(ref["partition"]["total"])
-    problems = _identity_problems(
-        [(f"shard {i}/{total} ({d})", _shard_identity(m)) for i, (d, m) in sorted(by_index.items())],
-        allow_mixed_commits=allow_mixed_commits,
-    )
-    for i in range(1, total + 1):
-        if i not in by_index:
-            ids = [u["id"] for u in ref["units"] if u.get("shard") == i]
-            problems.append(
-                f"shard {i}/{total} missing: its units {', '.join(ids) or '(none)'} were not measured"
-            )
-    return problems
-
-
 def _shard_identity(m: dict[str, Any]) -> dict[str, Any]:
-    """A shard manifest's commit and perfkit version, as :func:`_identity_problems` compares them."""
     return {"commit": m.get("perfkit_commit"), "perfkit version": m.get("perfkit_version")}
 
 
 @dataclass
 class _Found:
-    """What the units' outputs hold: outcomes, part dirs, identities, part info."""
-
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
     part_dirs: dict[str, Path] = field(default_factory=dict)
     identities: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -396,7 +355,6 @@ def _collect_unit(
     problems: list[str],
     notes: list[str],
 ) -> None:
-    """Read unit ``u``'s outcome and parts into ``found``; problems and notes appended."""
     d, m = shard
     oc = next((o for o in m.get("outcomes") or [] if o.get("unit_id") == u.id), None)
     where = f"shard {u.shard}/{total} ({d})"
@@ -420,9 +378,7 @@ def _collect_unit(
         except (OSError, ValueError, RecursionError) as exc:
             problems.append(f"unit {u.id}: part {p.id}: unreadable {pd_ / 'meta.json'} ({exc})")
             continue
-        # a saved bundle writes every table (empty ones too): a missing file is lost data,
-        # which ResultBundle.load would read as an empty table; except an additive table
-        # absent from a bundle saved before it existed (meta.tables, written since, lacks it)
+        # a missing table is lost data, unless additive and older than the bundle
         written = meta.get("tables") if isinstance(meta.get("tables"), list) else None
         absent = [t for t in TABLES if not (pd_ / f"{t}.parquet").is_file()]
         older = [t for t in absent if TABLE_SCHEMAS[t].additive and (written is None or t not in written)]
@@ -433,10 +389,8 @@ def _collect_unit(
             continue
         part_notes = [f"{t}.parquet absent: saved before the table existed, read as empty" for t in older]
         ident = _part_identity(meta)
-        # as the bundle saved it (secrets redacted, NaN as null)
         planned = jsonsafe.finite(redact({"engine": u.engine, "request": u.request, "params": p.params}))
         if ident["plan"] is None:
-            # measured by an older perfkit (before run_unit stamped the plan): merged, said so
             part_notes.insert(0, PLAN_NOT_RECORDED)
         elif _canon(ident["plan"]) != _canon(planned):
             diff = "; ".join(_differences(ident["plan"], planned)[:5])
@@ -464,21 +418,20 @@ def _join_bundles(
     dest: Path,
     problems: list[str],
 ) -> dict[str, str]:
-    """Save each selected investigation's (joined) bundle to ``dest/<investigation>``."""
     merged: dict[str, str] = {}
     for name in selected:
         s = registry.get(name)
         parts = [p for u in units for p in u.parts if p.investigation == name]
         if not parts or any(p.id not in part_dirs for p in parts):
-            continue  # named above; the suite skips its notebook (no bundle)
+            continue
         try:
             bundles = [ResultBundle.load(part_dirs[p.id]) for p in parts]
             if len(parts) > 1:
-                assert s.join is not None  # split investigations have join (registry checks)
+                assert s.join is not None
                 b = s.join(bundles, the_params.section(name))
             else:
                 b = bundles[0]
-        except Exception as exc:  # noqa: BLE001 - a bad part is a named problem, not a traceback
+        except Exception as exc:  # noqa: BLE001
             problems.append(f"{name}: cannot join its parts ({', '.join(p.id for p in parts)}): {exc}")
             continue
         unit_of = {p.id: u.id for u in units for p in u.parts}
@@ -490,8 +443,6 @@ def _join_bundles(
             "concurrent_with": sorted(
                 {x for a, c in pairs for x in (a, c) if (a in mine or c in mine)} - set(mine)
             ),
-            # every pair of units that overlapped in time where one is this bundle's, its own
-            # parts' units among them (a split investigation whose launches ran side by side)
             "concurrent_pairs": [[a, c] for a, c in pairs if a in mine or c in mine],
         }
         b.save(dest / name)

@@ -25,11 +25,9 @@ from perfkit.scaleout.units import ExecutorError, UnitOutcome
 
 log = logging.getLogger(__name__)
 
-#: environment variables shipped to the workers (prefixes); values of names that look like
-#: secrets are not shipped (the runtime_env is visible in Ray's dashboard)
+#: env var prefixes shipped to the workers (names that look like secrets are not)
 ENV_PREFIXES = ("PERFKIT_", "HF_", "HUGGINGFACE_", "SGLANG_", "TRANSFORMERS_", "NCCL_")
 _SECRET = re.compile(r"token|secret|password|passwd|api_?key|access_?key|auth", re.I)
-#: lines of worker logging kept as the log tail of a failed unit
 LOG_TAIL_LINES = 200
 
 
@@ -44,14 +42,13 @@ def _import_ray():
 
 
 def unit_dir_name(unit_id: str) -> str:
-    """The directory name of a unit under ``dest`` (its id, with characters that are not safe in
-    one path component replaced by ``_``)."""
+    """A unit's directory name: its id, unsafe characters replaced by ``_``."""
     safe = re.sub(r"[^A-Za-z0-9._=+@-]+", "_", str(unit_id)).strip(".")
     return safe or "unit"
 
 
 def pack_dir(path: str | Path) -> bytes:
-    """A directory's contents as a gzip'd tar archive (member names relative to it)."""
+    """A directory's contents as a gzip'd tar archive."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for p in sorted(Path(path).rglob("*")):
@@ -60,13 +57,8 @@ def pack_dir(path: str | Path) -> bytes:
 
 
 def unpack_dir(data: bytes, dest: str | Path) -> Path:
-    """Unpack an archive of :func:`pack_dir` into ``dest`` (created; emptied first when it
-    exists). Members that would land outside ``dest`` (absolute paths, ``..``, links out) are
-    refused by tarfile's ``data`` filter.
-
-    Raises:
-        tarfile.TarError: not such an archive, or a member refused by the filter.
-    """
+    """Unpack a :func:`pack_dir` archive into ``dest`` (emptied first). Raises tarfile.TarError for
+    a bad archive or a member landing outside ``dest``."""
     d = Path(dest)
     if d.exists():
         shutil.rmtree(d)
@@ -85,26 +77,25 @@ class _TailHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.lines.append(self.format(record))
-        except Exception:  # noqa: BLE001 - logging must not fail the unit
+        except Exception:  # noqa: BLE001
             pass
 
 
 def _gpus_here() -> list[str]:
-    """The NVML UUIDs of Ray's GPUs of this task ([] when none, or NVML does not work here)."""
+    """The NVML UUIDs of this task's Ray GPUs ([] when none or without NVML)."""
     try:
         import ray
 
         ids = [str(i) for i in ray.get_gpu_ids()]
-    except Exception:  # noqa: BLE001 - also run_one without Ray
+    except Exception:  # noqa: BLE001
         ids = []
     if not ids:
         return []
     try:
         from perfkit.readings.sampler.nvml import resolve_visible_gpus
 
-        # Ray sets CUDA_VISIBLE_DEVICES to these ids: resolve them as the engine will
         refs = resolve_visible_gpus(",".join(ids))
-    except Exception as exc:  # noqa: BLE001 - logical GPUs on a host without NVML
+    except Exception as exc:  # noqa: BLE001
         log.debug("GPU ids %s not resolved to NVML devices: %s", ids, exc)
         refs = []
     return [r.uuid for r in refs]
@@ -115,7 +106,7 @@ class _Sender:
 
     def __init__(self, events: Any, unit_id: str) -> None:
         self.events, self.unit_id, self.refs = events, unit_id, []
-        self.token = uuid.uuid4().hex  # this attempt's events, numbered: the queue actor may reorder them
+        self.token = uuid.uuid4().hex  # events are numbered per attempt: the queue may reorder them
 
     def __call__(self, event: str) -> None:
         if self.events is None:
@@ -123,7 +114,7 @@ class _Sender:
         try:
             item = (event, self.unit_id, self.token, len(self.refs))
             self.refs.append(self.events.actor.put_nowait.remote(item))
-        except Exception as exc:  # noqa: BLE001 - progress must not fail the unit
+        except Exception as exc:  # noqa: BLE001
             log.debug("progress event %s of %s not sent: %s", event, self.unit_id, exc)
 
     def flush(self, timeout_s: float = 10.0) -> None:
@@ -147,12 +138,8 @@ def _set_omp(value: str | None) -> None:
 def run_one(
     unit: Mapping[str, Any], run_unit: _units.RunUnit, events: Any = None, omp_threads: str | None = None
 ) -> tuple[UnitOutcome, bytes]:
-    """Run one unit here (the body of the Ray task), sending ``("started" | "launch", unit id)``
-    to the ``events`` queue (None: none sent), with the driver's ``omp_threads`` (None: unset).
-
-    Returns its outcome (``attempts`` and ``out_dir`` are the driver's to set) and the bytes of
-    :func:`pack_dir` of its output directory.
-    """
+    """The Ray task's body: run one unit, sending events to ``events`` (None: none). Returns its
+    outcome (without ``attempts``, ``out_dir``) and :func:`pack_dir` of its output."""
     from perfkit.measuring.progress import listening
 
     send = _Sender(events, str(unit["id"]))
@@ -167,8 +154,7 @@ def run_one(
         root.setLevel(logging.INFO)
     status, error = "ok", None
 
-    # a listener also keeps the worker from drawing per-request bars (streamed to the driver
-    # line by line); the driver draws the one bar over all units
+    # a listener also keeps the worker from drawing its own bars
     def on_progress(ev: Mapping[str, Any]) -> None:
         if ev.get("event") == "launch_done":
             send("launch")
@@ -181,7 +167,7 @@ def run_one(
         try:
             with listening(on_progress):
                 run_unit(unit, out)
-        except BaseException as exc:  # noqa: BLE001 - reported, never raised
+        except BaseException as exc:  # noqa: BLE001
             status = "error"
             error = f"{type(exc).__name__}: {exc}"
             handler.lines.extend(traceback.format_exc().rstrip().splitlines())
@@ -199,14 +185,14 @@ def run_one(
 
 
 def default_runtime_env(address: str | None = None) -> dict[str, Any]:
-    """What the workers get: ``env_vars`` (:data:`ENV_PREFIXES`, secrets left out) and perfkit's
-    source, on ``PYTHONPATH`` for a local Ray (``address=None``), else as ``py_modules``."""
-    pkg = Path(__file__).resolve().parents[1]  # the perfkit package
+    """``env_vars`` (:data:`ENV_PREFIXES`) and perfkit's source: on ``PYTHONPATH`` for a local Ray
+    (``address=None``), else as ``py_modules``."""
+    pkg = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _SECRET.search(k)}
     rt: dict[str, Any] = {"env_vars": env}
     if address is None:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if pkg.parent.name not in ("site-packages", "dist-packages"):  # a source checkout
+        if pkg.parent.name not in ("site-packages", "dist-packages"):
             paths.insert(0, str(pkg.parent))
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -216,7 +202,7 @@ def default_runtime_env(address: str | None = None) -> dict[str, Any]:
 
 
 def _error_of(exc: BaseException) -> tuple[str, str]:
-    """(one-line error naming the cause or crash, log tail) of an exception of ``ray.get``."""
+    """(one-line error, log tail) of an exception of ``ray.get``."""
     text = str(exc).strip()
     name = type(exc).__name__
     cause = getattr(exc, "cause", None)
@@ -238,27 +224,10 @@ def run_units_ray(
     on_event: _units.OnEvent | None = None,
     runtime_env: Mapping[str, Any] | None = None,
 ) -> list[UnitOutcome]:
-    """Run ``units`` as Ray tasks; unpack each one's output to ``dest/<unit id>/``.
-
-    Args:
-        units: JSON-able dicts with ``id`` (unique), ``gpus`` (int) and optionally ``cpus``.
-        run_unit: ``(unit, out_dir) -> None``, raising on failure; pickled to the workers
-            (cloudpickle).
-        address: None: the Ray of this process when initialised, else a local one; ``"auto"``
-            or ``"ray://host:10001"``: join that cluster.
-        retries: resubmissions of a failed or crashed unit (0: none).
-        on_event, runtime_env: docs/scale-out.md (runtime_env merged over
-            :func:`default_runtime_env`).
-
-    Returns:
-        One UnitOutcome per unit, in the order of ``units``.
-
-    Raises:
-        ExecutorError: ray is not installed (the message says ``pip install 'perfkit[ray]'``),
-            or Ray could not be started or joined (``address="auto"`` without a cluster).
-        ValueError: a unit without ``id``, a duplicate id, ``gpus`` not a non-negative int, or
-            ``retries`` < 0.
-    """
+    """Run ``units`` as Ray tasks, each one's output unpacked to ``dest/<unit id>/``; one outcome
+    per unit, in order (``address``, ``runtime_env``: docs/scale-out.md). Raises ExecutorError (no
+    ray, or Ray not started or joined), ValueError (a missing or duplicate id, bad ``gpus``,
+    ``retries`` < 0)."""
     emit = _units.check_retries(retries, on_event)
     ids = _checked_ids(units)
     ray = _import_ray()
@@ -267,7 +236,7 @@ def run_units_ray(
 
     started_here, job_env = _ray_session(ray, address, runtime_env)
     events = _event_queue(ray)
-    held: dict[tuple[str, str], dict[int, str]] = {}  # (unit, attempt token) -> {n: event} not yet emitted
+    held: dict[tuple[str, str], dict[int, str]] = {}  # (unit, token) -> {n: event} not yet emitted
     next_n: dict[tuple[str, str], int] = {}
     try:
         task = ray.remote(run_one)
@@ -288,7 +257,7 @@ def run_units_ray(
                     emit(evs.pop(n), uid, None)
                     next_n[(uid, token)] = n + 1
 
-        def flush(uid: str) -> None:  # a unit's last events, in order, even past a lost one
+        def flush(uid: str) -> None:
             for key in [k for k in held if k[0] == uid]:
                 for n in sorted(held[key]):
                     emit(held[key][n], uid, None)
@@ -300,7 +269,7 @@ def run_units_ray(
             opts: dict[str, Any] = {
                 "num_gpus": gpus,
                 "num_cpus": float(cpus if cpus is not None else (1 if gpus else cpu_unit_cpus)),
-                "max_retries": 0,  # the driver retries (and counts) itself
+                "max_retries": 0,  # the driver retries itself
                 "retry_exceptions": False,
             }
             if job_env is not None:
@@ -315,7 +284,7 @@ def run_units_ray(
         results: list[UnitOutcome | None] = [None] * len(units)
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            drain()  # a unit's events are queued before its task returns
+            drain()
             if not ready:
                 continue
             ref = ready[0]
@@ -338,7 +307,6 @@ def run_units_ray(
 
 
 def _checked_ids(units: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The units' ids; ValueError for a bad id or ``gpus``."""
     ids = [str(u.get("id", "")) for u in units]
     if any(not i for i in ids):
         raise ValueError("every unit needs an 'id'")
@@ -354,7 +322,7 @@ def _checked_ids(units: Sequence[Mapping[str, Any]]) -> list[str]:
 def _ray_session(
     ray: Any, address: str | None, runtime_env: Mapping[str, Any] | None
 ) -> tuple[bool, dict[str, Any] | None]:
-    """(whether Ray was started or joined here, each task's runtime_env); else ExecutorError."""
+    """(whether Ray was started or joined here, each task's runtime_env)."""
     if not ray.is_initialized():
         env, extra = default_runtime_env(address), dict(runtime_env or {})
         env = {**env, **extra, "env_vars": {**env["env_vars"], **extra.get("env_vars", {})}}
@@ -364,15 +332,14 @@ def _ray_session(
             where = f"the Ray cluster at {address!r}" if address else "a local Ray"
             raise ExecutorError(f"could not start or join {where}: {exc}") from None
         return True, None
-    # a Ray someone else started (a test fixture, a notebook): its workers already have
-    # the environment it was started with; only an explicit runtime_env is added per task
+    # a Ray started elsewhere keeps its environment: only an explicit runtime_env is added
     if address is not None:
         log.warning("Ray is already initialised in this process: address %r not used", address)
     return False, dict(runtime_env) if runtime_env else None
 
 
 def _event_queue(ray: Any) -> Any:
-    """A queue actor for workers' progress events (None when it cannot be made: no events)."""
+    """A queue actor for workers' progress events, or None."""
     try:
         from ray.util.queue import Queue
 
@@ -396,7 +363,7 @@ def _collect(ray: Any, ref: Any, unit_id: str, attempt: int, dest: Path) -> Unit
     """The outcome of one finished attempt (its archive unpacked to ``dest/<unit id>/``)."""
     try:
         oc, archive = ray.get(ref)
-    except Exception as exc:  # noqa: BLE001 - crashes, lost nodes, task errors: all reported
+    except Exception as exc:  # noqa: BLE001
         err, tail = _error_of(exc)
         return UnitOutcome(unit_id, "error", attempts=attempt, error=err, log_tail=tail)
     oc.attempts = attempt

@@ -1,7 +1,6 @@
-"""Running units of work and CI partitions: :func:`run_unit`, the in-process executor,
-:func:`executor` by name, :func:`progress_events`, :func:`run_shard` (``perfkit suite --partition
-I/N``) and :func:`refresh_estimates`; merging is :mod:`perfkit.scaleout.merge`, whose names other
-modules read through this one. Layouts: docs/scale-out.md.
+"""Running units of work: :func:`run_unit`, the executors, :func:`run_shard` (``perfkit suite
+--partition I/N``) and :func:`refresh_estimates`; re-exports :mod:`perfkit.scaleout.merge`'s names.
+Layouts: docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -66,15 +65,9 @@ def _unit(unit: Mapping[str, Any] | WorkUnit) -> WorkUnit:
 
 
 def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
-    """Measure one unit (a :class:`WorkUnit` or its dict) into ``out_dir``: its parts in order,
-    each bundle to ``out_dir/<part id>/``; a part may reuse the earlier whole investigations' launches.
-
-    Raises:
-        ValueError: a part's params that its params model refuses (naming the field).
-        InvestigationError: a whole-investigation part that measured nothing usable (its bundle is saved
-            first); a split part's bundle is checked once joined, when the merged run replays it.
-        Exception: whatever the engine or the investigation raised.
-    """
+    """Measure one unit (or its dict): each part's bundle to ``out_dir/<part id>/``. Raises
+    ValueError for params its model refuses, InvestigationError for a whole part that measured
+    nothing usable (bundle saved first), else whatever the engine or investigation raised."""
     u = _unit(unit)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,14 +84,13 @@ def run_unit(unit: Mapping[str, Any] | WorkUnit, out_dir: Path) -> None:
         watch = Watch.start()
         try:
             bundle = s.run(ctx, sec)
-        finally:  # what outlived the part's launches is ended here
+        finally:
             left = watch.reap(grace_s=engine.stop_grace_s)
         bundle.meta["scaleout"] = {
             "unit": u.id,
             "part": part.id,
             "key": part.key,
             "wall_s": round(time.time() - t0, 2),
-            # what it was measured for: merge compares it with the manifest's unit
             "planned": {"engine": dict(u.engine), "request": dict(u.request), "params": dict(part.params)},
         }
         if left:
@@ -117,13 +109,8 @@ def run_units_inprocess(
     retries: int = 0,
     on_event: OnEvent | None = None,
 ) -> list[UnitOutcome]:
-    """Run ``units`` one after another in this process, each into ``dest/<unit id>/``; one
-    :class:`UnitOutcome` per unit, in order. A unit that raises is retried ``retries`` more
-    times (its partial output removed first), then is an ``error`` outcome; the others still run.
-
-    Raises:
-        ValueError: ``retries`` < 0.
-    """
+    """Run ``units`` in turn in this process, each into ``dest/<unit id>/``: one outcome each.
+    A unit that raises is retried ``retries`` times, then is an ``error``; ValueError: retries < 0."""
     emit = check_retries(retries, on_event)
     dest = Path(dest)
     outcomes = []
@@ -159,13 +146,8 @@ def run_units_inprocess(
 
 
 def executor(name: str) -> Callable[..., list[UnitOutcome]]:
-    """The executor ``name`` (:data:`EXECUTORS`): ``run_units_<name>(units, run_unit, dest, *,
-    retries=0, on_event=None, ...)``.
-
-    Raises:
-        ExecutorError: an unknown name, or its module (or the package it needs, e.g. ``ray``)
-            is not installed; the message says what to install.
-    """
+    """``run_units_<name>`` of :data:`EXECUTORS`; ExecutorError for an unknown name or one not
+    installed (the message says what to install)."""
     if name not in EXECUTORS:
         raise ExecutorError(f"--executor {name!r}: unknown executor; known: {', '.join(EXECUTORS)}")
     if name == "inprocess":
@@ -187,8 +169,7 @@ def executor(name: str) -> Callable[..., list[UnitOutcome]]:
 def progress_events(
     units: Sequence[WorkUnit], *, enabled: bool = True, file: Any = None
 ) -> tuple[OnEvent, Callable[[], None]]:
-    """One tqdm bar over every unit's launches, whichever executor drives it: ``(on_event,
-    close)``; ``on_event`` for the executor, ``close`` at the end."""
+    """One tqdm bar over every unit's launches: ``(on_event for the executor, close)``."""
     from tqdm.std import tqdm
 
     launches = {u.id: max(u.launches, 1) for u in units}
@@ -225,14 +206,8 @@ _executor = executor
 def select(
     params: SuiteParams, only: Iterable[str] | None = None, tier: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """(selected investigation names in run order, {left-out name: why}): enabled in the params,
-    picked by ``only`` (when given) and of ``tier`` (when given).
-
-    Raises:
-        ParamsError (a ValueError): an unknown tier (naming the known ones), ``only``
-            names a disabled investigation (:meth:`SuiteParams.refuse_disabled`), or ``only`` and
-            ``tier`` leave nothing selected (naming why each was left out).
-    """
+    """(selected names in run order, {left-out name: why}). Raises ParamsError for an unknown
+    tier, ``only`` naming a disabled investigation, or nothing left selected (saying why)."""
     if tier is not None and tier not in TIERS:
         raise ParamsError(f"--tier {tier!r}: unknown tier; known: {', '.join(TIERS)}")
     params.refuse_disabled(only)
@@ -248,7 +223,7 @@ def select(
             skipped[n] = f"tier {params.section(n).tier}, not selected by --tier {tier}"
         else:
             selected.append(n)
-    if only_set and not selected:  # `--tier extra --only cold_warm`: refused before anything runs
+    if only_set and not selected:
         raise ParamsError(
             "nothing selected: " + "; ".join(f"{n}: {skipped[n]}" for n in registry.names() if n in only_set)
         )
@@ -279,18 +254,9 @@ def run_shard(
     progress: bool = True,
     sets: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run shard ``index`` of ``total`` (1-based): plan every unit of the selection, partition
-    them (:func:`perfkit.scaleout.units.partition`), run this shard's with ``executor``; writes
-    bundles under ``out/units/`` and the manifest ``out/shard.json`` (its keys: docs/scale-out.md,
-    "Partitions").
-
-    Returns:
-        the manifest.
-
-    Raises:
-        ParamsError, FileNotFoundError: bad params. ExecutorError: unknown or missing executor.
-        ValueError: bad tier, or index/total out of range.
-    """
+    """Run shard ``index`` of ``total`` (1-based): bundles under ``out/units/``, returns the
+    manifest ``out/shard.json`` (docs/scale-out.md, "Partitions"). Raises ParamsError or
+    FileNotFoundError (params), ExecutorError, ValueError (tier, index/total out of range)."""
     if not (total >= 1 and 1 <= index <= total):
         raise ValueError(f"shard {index}/{total}: need 1 <= I <= N")
     params = load_params(params_path, sets)
@@ -327,7 +293,7 @@ def run_shard(
 
     def on_event(event: str, unit_id: str, outcome: UnitOutcome | None) -> None:
         bar_event(event, unit_id, outcome)
-        if event == "finished" and outcome is not None:  # a run cut short keeps what finished
+        if event == "finished" and outcome is not None:
             done[unit_id] = outcome.to_dict()
             manifest["outcomes"] = list(done.values())
             _write_manifest(out, manifest)
@@ -361,29 +327,18 @@ def run_shard(
 
 
 class ShardInterrupted(RuntimeError):
-    """A shard run stopped by Ctrl-C or SIGTERM; its manifest keeps the units that finished and
-    says which did not (exit 2)."""
+    """A shard run stopped by Ctrl-C or SIGTERM (exit 2); its manifest says what finished."""
 
 
 def _write_manifest(out: Path, manifest: Mapping[str, Any]) -> None:
-    """Write ``out/shard.json`` whole or not at all."""
     atomic_write_text(out / MANIFEST, jsonsafe.dumps(manifest, indent=2, default=str) + "\n")
 
 
 def refresh_estimates(baseline_file: str | Path, sources: Iterable[str | Path]) -> dict[str, float]:
-    """Set ``estimated_full_test_time_s`` of the baseline's cases from measured unit wall times
-    (shard manifests or merge files, or run directories holding ``merged/merge.json``): each
-    finished unit's wall seconds are shared evenly among its parts' case ids; cases the file
-    lacks are left out (write them with ``perfkit baseline update --bundle`` first). The file
-    is replaced atomically.
-
-    Returns:
-        case id -> the estimate written (s).
-
-    Raises:
-        ValueError: no source holds a finished unit, or the baseline file is not valid.
-        OSError: the file cannot be read or written.
-    """
+    """Set the baseline's ``estimated_full_test_time_s`` from units' wall times (shard manifests,
+    merge files, run directories), shared evenly among each unit's case ids; cases the file lacks
+    are left out. Returns case id -> estimate (s). Raises ValueError (no finished unit, a bad
+    baseline), OSError."""
     doc = bl.load_baseline(Path(baseline_file))
     cases = doc.setdefault("scenarios", {})
     written: dict[str, float] = {}

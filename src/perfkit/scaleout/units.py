@@ -1,9 +1,6 @@
-"""Units of work: the suite's launches grouped so that each unit runs on its own (a CI shard, a
-Ray task) and the merged bundles equal those of one unsplit run; estimates after sglang's
-``multimodal_gen/test/run_suite.py`` (baseline, e2e, recorded, default 300 s) and
-:func:`partition` (longest first onto the least-loaded shard); what an executor reports for a
-unit (:class:`UnitOutcome`, the contract between the planner and every executor: in-process and
-Ray). See docs/scale-out.md ("Units of work").
+"""Units of work (each runs on its own: a CI shard, a Ray task), their estimates (after sglang's
+``multimodal_gen/test/run_suite.py``), :func:`partition` and :class:`UnitOutcome`, what every
+executor reports. See docs/scale-out.md ("Units of work").
 """
 
 from __future__ import annotations
@@ -41,18 +38,9 @@ class PartitionError(ValueError):
 
 @dataclass(frozen=True)
 class Part:
-    """One investigation, or one launch of an investigation that splits.
-
-    Attributes:
-        investigation: registry name.
-        key: the split part's key (``warmup17``); None for the whole investigation.
-        params: the (sub-)section as a plain dict (what ``params_model`` validates).
-        launches: new launches it makes (a launch it reuses from an earlier part of its unit
-            does not count: 0 when it only reuses).
-        requests: measured requests it sends (0 when it only reuses a launch's requests).
-        case_ids: baseline cases it writes (``Investigation.case_ids``; [] when unknown).
-        reuses: ids of the parts whose launch it reuses (empty when it launches its own).
-    """
+    """One investigation, or one launch of an investigation that splits (``key``: the split
+    part's key, None for the whole); ``launches`` and ``requests`` count only its own launches,
+    not one it ``reuses`` (part ids)."""
 
     investigation: Annotated[
         str, Field(min_length=1, validation_alias=AliasChoices("investigation", "scenario"))
@@ -66,24 +54,15 @@ class Part:
 
     @property
     def id(self) -> str:
-        """``<investigation>`` or ``<investigation>.<key>`` (filesystem-safe)."""
+        """``<investigation>`` or ``<investigation>.<key>``."""
         return self.investigation if self.key is None else f"{self.investigation}.{self.key}"
 
 
 @dataclass
 class WorkUnit:
-    """One unit of work: parts that run one after another in one process.
-
-    Attributes:
-        id: its first part's id (stable across shards, filesystem-safe).
-        parts: what it runs, in order (a launch and the parts that reuse it).
-        launches, requests: summed over its parts.
-        gpus: GPUs its engine needs (``num_gpus`` of the engine spec; 0 on CPU).
-        tier: ``per-commit`` when any part is, else ``extra``.
-        estimate_s: planned seconds; estimate_source: ``baseline``, ``e2e``, ``recorded`` or
-            ``default`` (joined with ``+`` when its parts differ, e.g. ``baseline+default``).
-        shard: 1-based shard (set by :func:`partition`; None before).
-        engine, request: the engine spec and request fields every part runs with.
+    """Parts that run one after another in one process (``id``: its first part's). ``tier``:
+    ``per-commit`` when any part is; ``estimate_source``: ``baseline``, ``e2e``, ``recorded`` or
+    ``default``, joined with ``+`` when its parts differ; ``shard``: 1-based, set by :func:`partition`.
     """
 
     id: Annotated[str, Field(min_length=1)]
@@ -100,11 +79,11 @@ class WorkUnit:
 
     @property
     def investigations(self) -> list[str]:
-        """Investigation names of its parts (a split investigation's name once)."""
+        """Investigation names of its parts, each once."""
         return list(dict.fromkeys(p.investigation for p in self.parts))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict (what executors receive as the unit; :func:`from_dict` reads it)."""
+        """JSON-able dict (what executors receive; :meth:`from_dict` reads it)."""
         d = asdict(self)
         d["investigations"] = self.investigations
         for p in d["parts"]:
@@ -114,12 +93,8 @@ class WorkUnit:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "WorkUnit":
-        """Inverse of :meth:`to_dict`, every field checked (a manifest is outside input).
-
-        Raises:
-            KeyError: a required key (``id``, ``parts``, a part's ``investigation``) is missing.
-            ValueError: a field of the wrong type or range, naming it (``parts[1].launches``).
-        """
+        """Inverse of :meth:`to_dict`, every field checked. Raises KeyError for a missing required
+        key, ValueError naming a field of the wrong type or range (``parts[1].launches``)."""
         try:
             return _UNIT.validate_python(d)
         except ValidationError as exc:
@@ -134,7 +109,7 @@ _UNIT = TypeAdapter(WorkUnit)
 
 
 def _gpus(eng: Any) -> int:
-    """GPUs one launch of the engine spec takes: ``num_gpus``, 1 on a CUDA device, 0 on CPU."""
+    """``num_gpus``, 1 on a CUDA device, 0 on CPU."""
     if str(getattr(eng, "device", "") or "").startswith("cpu"):
         return 0
     n = getattr(eng, "num_gpus", None)
@@ -173,19 +148,9 @@ def plan_units(
     baseline: Mapping[str, Any] | None = None,
     recorded: Mapping[str, float] | None = None,
 ) -> list[WorkUnit]:
-    """The units of work of the investigations ``names`` (registered names, run order kept).
-
-    Args:
-        baseline: a loaded sglang-layout baseline (``estimated_full_test_time_s`` per case).
-        recorded: unit id -> measured wall seconds of an earlier run (shard manifests).
-
-    Returns:
-        units in run order of their first part (a part reusing a launch sits right after it).
-
-    Raises:
-        KeyError: an unknown investigation name.
-        ValueError: a split key that would make a unit id that is not filesystem-safe.
-    """
+    """The units of the investigations ``names``, in run order of their first part; ``recorded``:
+    unit id -> wall seconds of an earlier run. Raises KeyError for an unknown investigation,
+    ValueError for a split key that makes a unit id that is not filesystem-safe."""
     wanted = set(names)
     unknown = wanted - set(registry.names())
     if unknown:
@@ -195,7 +160,6 @@ def plan_units(
     namer = case_namer(engine_d, request_d)
     gpus = _gpus(engine)
     units: list[WorkUnit] = []
-    #: launch key -> (unit, measured requests) of earlier single-launch whole investigations
     reusable: dict[str, tuple[WorkUnit, int, str]] = {}
     for s in registry.all_investigations():
         if s.name not in wanted:
@@ -207,8 +171,8 @@ def plan_units(
             planned = s.launches(sub, engine, request) if s.launches is not None else []
             dump = sub.model_dump()
             host = None
-            reused: list[str] = []  # ids of the parts whose launch a planned launch reuses
-            fresh = []  # planned launches it makes itself
+            reused: list[str] = []
+            fresh = []
             for pl in planned:
                 hit = None
                 if pl.reuses:
@@ -245,8 +209,6 @@ def plan_units(
     for u in units:
         u.launches = sum(p.launches for p in u.parts)
         u.requests = sum(p.requests for p in u.parts)
-        # a part that only reuses a launch costs nothing of its own (sglang's per-case estimate
-        # assumes a launch of its own)
         ests = [_estimate(p.case_ids, baseline) if p.launches else (0.0, "shared launch") for p in u.parts]
         if all(e is not None for e, _ in ests):
             total = sum(e for e, _ in ests)
@@ -266,11 +228,8 @@ MAX_SHARDS = 1024
 
 
 def parse_partition(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N) with 1 <= I <= N <= :data:`MAX_SHARDS` (1-based shard I of N).
-
-    Raises:
-        PartitionError: anything else, naming the value (``0/2``, ``3/2``, ``x/2``, ``2``).
-    """
+    """``"I/N"`` -> (I, N) with 1 <= I <= N <= :data:`MAX_SHARDS`; PartitionError naming anything
+    else."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
     if not m:
         raise PartitionError(f"--partition {text!r}: expected I/N, e.g. 1/2 (shard I of N, 1-based)")
@@ -283,16 +242,8 @@ def parse_partition(text: str) -> tuple[int, int]:
 
 
 def partition(units: Iterable[WorkUnit], n: int) -> list[list[WorkUnit]]:
-    """Assign every unit a shard (1..n, set on ``unit.shard``): longest estimate first onto the
-    least-loaded shard (ties: the lower shard); units of equal estimate go in id order. The
-    result depends only on the units' ids and estimates.
-
-    Returns:
-        n lists (shard 1 first), each in the units' original run order.
-
-    Raises:
-        PartitionError: n < 1.
-    """
+    """Set ``unit.shard`` (1..n): longest estimate first (ties: id order) onto the least-loaded
+    shard (ties: the lower). Returns n lists, each in run order; PartitionError when n < 1."""
     if n < 1:
         raise PartitionError(f"partition into {n} shards: need at least 1")
     units = list(units)
@@ -307,12 +258,10 @@ def partition(units: Iterable[WorkUnit], n: int) -> list[list[WorkUnit]]:
 #: a unit's record beside its bundles (every executor writes it: :func:`settle`)
 UNIT_FILE = "unit.json"
 
-#: ``(unit, out_dir) -> None``: measure one unit (a JSON-able dict with at least ``id``,
-#: ``gpus``) and write its bundles under ``out_dir``; raise on failure.
+#: measure one unit (a dict with at least ``id``, ``gpus``), bundles under the dir; raise on failure
 RunUnit = Callable[[Mapping[str, Any], Path], None]
 
-#: ``(event, unit id, outcome or None)``: "started", "launch" (one of its launches finished;
-#: optional), "retry", "finished" (for progress bars).
+#: ``(event, unit id, outcome or None)``: "started", "launch" (optional), "retry", "finished"
 OnEvent = Callable[[str, str, "UnitOutcome | None"], None]
 
 
@@ -322,21 +271,10 @@ class ExecutorError(ValueError):
 
 @dataclass
 class UnitOutcome:
-    """One unit's result as the driver sees it (a manifest's outcome checked by :data:`OUTCOME`:
-    numbers strict, a string ``"164.26"`` or ``true`` is a mistyped key, not a time, and finite).
-
-    Attributes:
-        unit_id: the unit's id (stable across shards and executors).
-        status: "ok" or "error" (an error after the last attempt).
-        out_dir: where the unit's bundles landed on the driver (None when nothing came back).
-        wall_s: seconds from the last attempt's start to its end, on the worker.
-        attempts: attempts made (1 + retries used).
-        error: why the last attempt failed (None when ok).
-        log_tail: the end of the failed attempt's logs (engine stderr, traceback).
-        host: the worker's host name.
-        gpu_uuids: the GPUs the unit ran on, by NVML UUID (empty on CPU).
-        started_at, ended_at: epoch seconds of the last attempt (to tell which units overlapped).
-    """
+    """One unit's result as the driver sees it (a manifest's checked by :data:`OUTCOME`, numbers
+    strict and finite). Times are of the last attempt: ``wall_s`` on the worker, ``started_at``
+    and ``ended_at`` epoch seconds; ``gpu_uuids`` by NVML UUID; ``out_dir`` None when nothing came
+    back."""
 
     unit_id: Annotated[str, Field(min_length=1)]
     status: Literal["ok", "error"]
@@ -379,8 +317,8 @@ def check_retries(retries: int, on_event: OnEvent | None) -> OnEvent:
 
 
 def settle(unit: Mapping[str, Any], oc: UnitOutcome, retries: int, out_dir: Path, emit: OnEvent) -> bool:
-    """Every executor's step after an attempt: ``retry`` emitted while ``retries`` are left
-    (False); else ``out_dir/unit.json`` (the unit and its outcome) written and ``finished`` emitted."""
+    """After an attempt: ``retry`` emitted while ``retries`` are left (False); else
+    ``out_dir/unit.json`` written and ``finished`` emitted (True)."""
     if oc.status != "ok" and oc.attempts <= retries:
         log.warning(
             "unit %s failed (attempt %d of %d): %s: retrying", oc.unit_id, oc.attempts, retries + 1, oc.error
