@@ -23,12 +23,8 @@ else:
 
 
 def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
-    """A readable name per launch label, for legends and titles.
-
-    With memory caps in the table: ``"12 GiB GPU + 32 GiB host"``, ``"8 GiB host"``,
-    ``"unlimited"`` (a launch without caps beside capped ones); else, when the launches differ
-    in startup warmup frames: ``"warmup 17 frames"``; else the launch label itself.
-    """
+    """Launch label -> legend name: its caps (``"12 GiB GPU + 32 GiB host"``, ``"unlimited"``
+    beside capped ones), else ``"warmup 17 frames"`` when warmups differ, else the label."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return {}
     rows = [r for _, r in launches.iterrows()]
@@ -78,8 +74,7 @@ def use_log(values: Iterable[float], spread: float = 30.0) -> bool:
 
 
 def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
-    """Rows that are not the startup warmup (``index == WARMUP_INDEX``), unless asked to keep
-    them."""
+    """Rows that are not the startup warmup (``index == WARMUP_INDEX``), unless ``include_warmup``."""
     if include_warmup or df.empty or "index" not in df.columns:
         return df
     keep = pd.Series(pd.to_numeric(df["index"], errors="coerce") != WARMUP_INDEX, index=df.index)
@@ -87,8 +82,7 @@ def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
 
 
 def of_launch(df: pd.DataFrame | None, launch: Any) -> pd.DataFrame | None:
-    """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column;
-    None for None)."""
+    """The rows of ``launch`` (all when ``launch`` is None or ``df`` has no launch column)."""
     if df is None or launch is None or "launch" not in df.columns:
         return df
     return df[df["launch"] == launch]
@@ -100,8 +94,7 @@ def empty_note(ax: Any, text: str) -> None:
 
 
 def new_figure(width: float, height: float) -> Figure:
-    """A pyplot-free :class:`~matplotlib.figure.Figure` of ``width`` x ``height`` inches,
-    constrained layout."""
+    """A pyplot-free, constrained-layout Figure of ``width`` x ``height`` inches."""
     from matplotlib.figure import Figure  # here: drawing is the only reason to import matplotlib
 
     return Figure(figsize=(width, height), layout="constrained")
@@ -148,8 +141,7 @@ def ms_axis(ax: Any, axis: str = "y") -> None:
 
 
 def ms_y(ax: Any, what: str, log: bool) -> None:
-    """Label the y axis ``what (ms)``: log-scaled (:func:`ms_axis`, ``ms, s; log scale``) with
-    ``log``, else from 0."""
+    """Label the y axis ``what (ms)``, log-scaled (:func:`ms_axis`) with ``log``, else from 0."""
     if log:
         ms_axis(ax)
     else:
@@ -164,14 +156,11 @@ def integer_xticks(ax: Any) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-#: Pipeline stage order (:data:`perfkit.readings.stages.PIPELINE_ORDER`: the reference engine's and
-#: sglang's stage names, LTX-2 included); stages not listed are drawn after these, in order of
-#: appearance.
+#: Pipeline stage order; stages not listed are drawn after these, in order of appearance.
 STAGE_ORDER = _stages.PIPELINE_ORDER
 
-#: Stage colours by class (:func:`perfkit.readings.stages.stage_class`): denoising in blues, refinement in
-#: purples, decoding in greens (the n-th stage of a class in one figure takes the n-th shade),
-#: every other stage from :data:`OTHER_STAGE_COLORS` in pipeline order.
+#: Stage colours by class: the n-th stage of a class in one figure takes the n-th shade; others
+#: from :data:`OTHER_STAGE_COLORS` in pipeline order.
 STAGE_CLASS_COLORS = {
     _stages.DENOISING: ("tab:blue", "#6baed6", "#08519c", "#c6dbef"),
     _stages.REFINEMENT: ("tab:purple", "#9e9ac8", "#54278f", "#dadaeb"),

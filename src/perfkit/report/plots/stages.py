@@ -67,17 +67,9 @@ def stage_breakdown(
     launch: Any = None,
     title: str | None = None,
 ) -> Figure:
-    """Per-stage latency (ms): for each stage, the cold request beside the warm median (what it
-    draws: docs/suite.md, "The report page").
-
-    Args:
-        stages: the stages table (launch, request_id, index, stage, ms), or a
-            :class:`~perfkit.bundle.ResultBundle` (its requests and launches too).
-        requests: for shapes and roles (:func:`request_roles`); without it index 0 is cold.
-
-    Returns:
-        Figure with one axis per launch; each bar container one series labelled with role and
-        shape (``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``), one bar per stage."""
+    """Per-stage latency (ms), the cold request beside the warm median (``stages``: the table or a
+    ResultBundle; without ``requests`` index 0 is cold): one axis per launch, each bar container a
+    series labelled ``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``; docs/suite.md."""
     stages, b = unbundle(stages, "stages", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     df = of_launch(stages, launch) if stages is not None else pd.DataFrame()
@@ -200,15 +192,8 @@ def _label_panel(ax: Any, stage_cols: list[str], log: bool) -> None:
 
 
 def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames, each
-    cell annotated with the penalty, the ratio (when finite) and ``covered``/``not covered``;
-    repeated cells take the median penalty.
-
-    Args:
-        coverage: warmup_frames, request_frames, covered (bool), penalty_ms, ratio.
-
-    Returns:
-        Figure: the heatmap axis and a colour bar in ms; one text per non-empty cell."""
+    """Heatmap of the first-request penalty (ms, median of repeats) by startup warmup frames x
+    request frames, one text per cell: penalty, ratio when finite, ``covered``/``not covered``."""
     df = coverage.copy()
     fig, ax = one_axis(7.0, 4.5)
     ax.set_xlabel("request num_frames")

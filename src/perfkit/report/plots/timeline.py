@@ -86,8 +86,7 @@ def _draw_requests(tl: _Timeline, req: pd.DataFrame, launches: pd.DataFrame | No
     """Shade each request's span by role and mark its compiles; returns how many are drawn."""
     roles = request_roles(req, launches)
     role_of = {r["request_id"]: r for _, r in roles.iterrows()} if "request_id" in req.columns else {}
-    # the startup warmup request is the warmup phase when the phases are drawn (its
-    # compile is still marked)
+    # with the phases drawn, the startup warmup request is the warmup phase
     n_req = len(drop_warmup(req, not tl.from_launch))
     t_end = pd.to_numeric(req["t_end_s"], errors="coerce").max()
     x_span = max(1e-9, float(np.nanmax([t_end, t.max(), tl.t0])) - tl.t0)
@@ -210,19 +209,9 @@ def memory_timeline(
     device_name: str | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Device and host memory (MiB) over time since the engine's launch, with what happened
-    (its panels, marks and artist gids: docs/suite.md, "The report page").
-
-    Args:
-        memory: the memory table (launch, t_s epoch s, device_used_mib, host_*_mib), or a
-            :class:`~perfkit.bundle.ResultBundle` (the other tables and GPU name come with it).
-        requests: t_start_s, t_end_s (epoch s), index, compiles, compile_ms.
-        stages: stage, t_start_s (epoch s).
-        launch: only this launch; device_name: the device panel's accelerator name.
-
-    Returns:
-        Figure with one or two axes sharing the time axis (s since launch, else since the first
-        sample)."""
+    """Device and host memory (MiB) over time since the engine's launch (panels, marks and artist
+    gids: docs/suite.md, "The report page"): one or two axes sharing x (s since launch, else since
+    the first sample). ``memory`` may be a ResultBundle (its other tables and GPU name come with it)."""
     mem, b = unbundle(memory, "memory", requests=requests, stages=stages, launches=launches)
     requests, stages, launches = b["requests"], b["stages"], b["launches"]
     device_name = device_name or b["meta"].get("gpu_name")
@@ -301,9 +290,7 @@ def _series(tl: _Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
         xs, ys = x.to_numpy()[keep], y.to_numpy()[keep]
         order = np.argsort(xs)
         lab = f"{label} ({tl.names.get(lk, lk)})" if multi else label
-        # a column read on some samples only (PSS): a dot at each read, so that a single read
-        # shows and the line between reads is not taken for readings
-        sparse = {"marker": "o", "ms": 3} if not keep.all() else {}
+        sparse = {"marker": "o", "ms": 3} if not keep.all() else {}  # a lone read shows
         ax.plot(xs[order], ys[order], label=lab, **{**sparse, **kw})
         drew = True
     return drew
