@@ -1,5 +1,4 @@
-"""The A/B report (``perfkit ab``: ``report.html``, ``summary.md``) and the Markdown of an A/B
-power pool for ``perfkit figures`` (``kind=ab-power``, ``ab-sequential``: docs/ab.md)."""
+"""The A/B report (``perfkit ab``) and the ``perfkit figures`` Markdown of an A/B power pool (docs/ab.md)."""
 
 from __future__ import annotations
 
@@ -346,8 +345,7 @@ def _ways_text(table: pd.DataFrame) -> str:
 
 
 def power_markdown(path: str | Path, threshold: float, confidence: float, label: str | None = None) -> str:
-    """Markdown for the pool at ``path`` decided at (``threshold``, ``confidence``). Raises
-    FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`."""
+    """``kind=ab-power`` for the pool at ``path``. Raises FileNotFoundError, ValueError (load_pool)."""
     pool = power.load_pool(path)
     a_n = len(pool.launches("A"))
     arms = "; ".join(
@@ -438,8 +436,7 @@ _SEQ_GATE = ("DenoisingStage", "warm_e2e")
 def sequential_markdown(
     path: str | Path, threshold: float, confidence: float, label: str | None = None
 ) -> str:
-    """``kind=ab-sequential``: the sequential ``perfkit ab`` replayed on the pool with each slow-spell
-    rule. Raises FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or too small."""
+    """``kind=ab-sequential``: the pool replayed. Raises FileNotFoundError, ValueError (load_pool)."""
     from perfkit.ab import sequential as sq
 
     pool = power.load_pool(path)

@@ -1,5 +1,4 @@
-"""Below the stage: the profiled requests' traces op by op, for the notebooks and the report's
-panel (:func:`panel`, :func:`ab_panel`): docs/below-the-stage.md."""
+"""Below the stage: the profiled requests' traces op by op (docs/below-the-stage.md)."""
 
 from __future__ import annotations
 
@@ -155,8 +154,7 @@ def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
 
 
 def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold", second: str = "warm") -> pd.DataFrame:
-    """The ``n`` ops of an op diff whose time changed most, for display: calls and ms of sides
-    ``first`` and ``second``, change (ms) and share."""
+    """The ``n`` ops of an op diff whose time changed most: calls, ms, change (ms) and share."""
     d = diff.head(n)
     return pd.DataFrame(
         {
@@ -232,8 +230,7 @@ def _panel(tl: pd.DataFrame, **fields: Any) -> dict[str, Any]:
 def ab_panel(
     path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
 ) -> dict[str, Any] | None:
-    """The A/B page's panel: the ops that changed most from side A's profiled warm requests to
-    B's, per stage too; None when neither side profiled. Never raises."""
+    """The A/B page's panel: ops that changed most from A's warm requests to B's; None; never raises."""
     sides: dict[str, BelowStage] = {}
     events: dict[str, pd.DataFrame] = {}
     errors: list[str] = []

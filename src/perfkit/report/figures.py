@@ -1,5 +1,4 @@
-"""``perfkit figures`` blocks: Markdown in READMEs generated from bundles and kept true by
-``--check`` (:func:`update_file`). Kinds and statistics: docs/suite.md."""
+"""``perfkit figures`` blocks: Markdown generated from bundles, kept true by ``--check`` (docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ class Block:
 
 
 def blocks(text: str, where: str = "<text>") -> list[Block]:
-    """The marked blocks of a document, in order.
-    Raises FiguresError: a block without ``src`` or with an unknown ``kind`` (names ``where``)."""
+    """The marked blocks of a document. Raises FiguresError: a bad block (names ``where``)."""
     opens = len(re.findall(r"<!-- perfkit:figures\b", text))
     ends = text.count("<!-- perfkit:end -->")
     found = list(_BLOCK.finditer(text))
@@ -138,8 +136,7 @@ def _unreadable(p: Path, exc: Exception) -> None:
 
 
 def render_block(block: Block, root: Path) -> str:
-    """The Markdown of one block from the bundles under ``root / block.src``.
-    Raises FiguresError: the directory holds no investigation results."""
+    """The Markdown of one block. Raises FiguresError: ``src`` holds no investigation results."""
     src = root / block.src
     if block.kind == "compare":
         return _compare(block, root)
@@ -351,9 +348,8 @@ MAX_DOC_BYTES = 8 * 2**20
 def update_file(
     path: str | Path, root: str | Path, check: bool = False, commands: Callable | None = None
 ) -> bool:
-    """Regenerate the blocks of ``path`` (left as it is with ``check``); whether its text changed.
-    Raises FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`;
-    OSError: unreadable file."""
+    """Regenerate the blocks of ``path`` (untouched with ``check``); whether its text changed. Raises
+    FiguresError: a bad block, no results, over :data:`MAX_DOC_BYTES`; OSError: unreadable file."""
     p = Path(path)
     if p.stat().st_size > MAX_DOC_BYTES:
         raise FiguresError(
@@ -375,8 +371,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")
 
 
 def same_figures(old: str, new: str) -> bool:
-    """Whether two renderings say the same: the same text, each number within one unit of its last
-    shown digit (docs/suite.md)."""
+    """Whether two renderings say the same, each number within one unit of its last digit."""
     if _NUMBER.sub("#", old) != _NUMBER.sub("#", new):
         return False
     for a, b in zip(_NUMBER.finditer(old), _NUMBER.finditer(new)):

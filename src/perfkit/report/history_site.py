@@ -1,5 +1,4 @@
-"""The history pages: the offline site (``perfkit history site``, docs/history.md) and the reports
-of ``perfkit bisect`` and ``perfkit history confirm`` from the plain dict of their JSON."""
+"""The history site (``perfkit history site``, docs/history.md) and the bisect and confirm reports."""
 
 from __future__ import annotations
 
@@ -163,8 +162,7 @@ def write_site(
     commit_url: str | None = None,
     settings: cp.Settings = cp.Settings(),
 ) -> list[Path]:
-    """Write the site of ``store`` to ``out``; the pages, index first. Raises HistoryError: the
-    store has no runs, or a bad store file."""
+    """Write the site of ``store`` to ``out``; the pages, index first. Raises HistoryError."""
     frame = read_store(store)
     if frame.empty:
         raise HistoryError(f"{store}: the history store has no runs")

@@ -1,6 +1,5 @@
 """The run's offline HTML page (:func:`render_report`, :func:`screenshot`), ``summary.md``
-(:func:`write_summary`: the verdict as Markdown for a PR comment or ``$GITHUB_STEP_SUMMARY``)
-and the notebook display helpers. Rules: docs/suite.md."""
+(:func:`write_summary`) and the notebook display helpers. Rules: docs/suite.md."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ _LINK_EXT = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.
 
 
 def external_refs(text: str) -> list[str]:
-    """Snippets of ``text`` that would make a browser fetch from the network (attributes, CSS
-    ``url()`` and ``@import`` to ``//`` or ``http(s)://``); empty when self-contained."""
+    """Snippets of ``text`` that would make a browser fetch from the network; empty when none."""
     return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
 
 
@@ -59,8 +57,7 @@ FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
 
 @functools.lru_cache(maxsize=1)
 def template_env() -> jinja2.Environment:
-    """The report's jinja2 environment (``templates/``, autoescaped, filter ``status_class``).
-    Raises ValueError: the templates directory is not installed."""
+    """The report's jinja2 environment (``templates/``, autoescaped). Raises ValueError: not installed."""
     import jinja2  # here, not at the top: a notebook kernel renders no HTML
 
     env = jinja2.Environment(
@@ -114,8 +111,7 @@ def section_template(name: str) -> str:
 
 
 def section_context(run_dir: Path, n: Mapping[str, Any], reads: Mapping[str, Any]) -> dict[str, Any]:
-    """What a section template gets for notebook entry ``n`` of ``run.json`` (``reads``: as
-    :func:`_reads`). Never raises on a broken notebook or results file: logged and shown."""
+    """What a section template gets for notebook entry ``n`` (``reads``: :func:`_reads`); never raises."""
     name = str(n["name"])
     status = str(n.get("status") or "")
     title, question, intro = ri.section_head(name)
@@ -123,8 +119,8 @@ def section_context(run_dir: Path, n: Mapping[str, Any], reads: Mapping[str, Any
     verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
     d = run_dir / name
     b = reads["bundles"].get(d)
-    if b is None and name != GATE and (d / "meta.json").exists():  # not a registered investigation
-        b = ri.load_bundles([d])[d]
+    if b is None and name != GATE:  # not a registered investigation
+        b = ri.load_bundles([d]).get(d)
     rc = root_cause(b, name, reads["results"]) if name != GATE and status != "skipped" else None
     below = below_stage_panel(b, link_prefix=f"{name}/") if name != GATE else None
     nbp = run_dir / (n.get("output") or f"notebooks/{name}.ipynb")  # relative to the run, or absolute
@@ -161,8 +157,7 @@ def section_context(run_dir: Path, n: Mapping[str, Any], reads: Mapping[str, Any
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any], reads: Mapping | None = None) -> str:
-    """The HTML of one notebook's section (``reads``: :func:`_reads`, read when not given).
-    Raises jinja2.TemplateNotFound: a missing template."""
+    """The HTML of one notebook's section. Raises jinja2.TemplateNotFound: a missing template."""
     ctx = section_context(Path(run_dir), n, reads or _reads(Path(run_dir)))
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
 
@@ -235,7 +230,7 @@ def _gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
 def _reads(run_dir: Path) -> dict[str, Any]:
     """The run's results (:func:`~perfkit.report.runinfo.run_results`), key numbers and bundles."""
     results = ri.run_results(run_dir)
-    bundles = ri.load_bundles(ri.bundle_dirs(run_dir))
+    bundles = ri.load_bundles(run_dir / s.name for s in registry.all_investigations())
     return {"results": results, "keys": ri.key_numbers(results), "bundles": bundles}
 
 
@@ -339,9 +334,8 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def write_tool_outputs(
     out: str | Path, md: str, template: str, context: Mapping[str, Any], what: str, **page: Any
 ) -> dict[str, Path]:
-    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (one
-    section, ``template`` from ``context``; ``page``: the page's keys) under ``out``: name -> path.
-    Raises RuntimeError: the page would load from the network (names ``what``)."""
+    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and a one-section
+    ``report.html`` under ``out``: name -> path. Raises RuntimeError: the page would load from the network."""
     section = template_env().get_template(template).render(**context)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,4 @@
-"""The root-cause panel of one investigation's bundle (:func:`root_cause`): what it shows is in
-docs/suite.md, "The report page"."""
+"""The root-cause panel of one investigation's bundle (:func:`root_cause`; docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def not_reported(launches: pd.DataFrame | None) -> list[str]:
 
 
 def engine_config(launches: pd.DataFrame) -> Table | None:
-    """The effective engine config, a column per launch, of the settings some launch reported;
-    None without launches."""
+    """The effective engine config, a column per launch; None without launches."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
     names = launch_names(launches)
@@ -275,8 +273,7 @@ def _pct(v: Any) -> str:
 def root_cause(
     b: ResultBundle | Exception | None, name: str, results: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    """The root-cause panel of investigation ``name``'s bundle (``results``: the run's); None
-    without a bundle; never raises."""
+    """The root-cause panel of ``name``'s bundle; None without one; never raises."""
     if not isinstance(b, ResultBundle):
         return None
     try:

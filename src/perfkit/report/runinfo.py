@@ -95,17 +95,12 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def bundle_dirs(run_dir: Path) -> list[Path]:
-    """``run_dir/<investigation>`` of each investigation with a ``meta.json``, in registry order."""
-    return [
-        run_dir / s.name for s in registry.all_investigations() if (run_dir / s.name / "meta.json").is_file()
-    ]
-
-
 def load_bundles(dirs: Iterable[Path]) -> dict[Path, ResultBundle | Exception]:
-    """Each bundle directory's :class:`ResultBundle`, loaded once for the page, or why not (logged)."""
+    """Each of ``dirs`` with a ``meta.json`` as a :class:`ResultBundle`, loaded once, or why not (logged)."""
     out: dict[Path, ResultBundle | Exception] = {}
     for d in dirs:
+        if not (d / "meta.json").is_file():
+            continue
         try:
             out[d] = ResultBundle.load(d)
         except Exception as exc:  # noqa: BLE001 - the report is written in every case
@@ -135,8 +130,7 @@ def run_results(
 
 
 def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.KeyNumber] | str]:
-    """Each investigation's key numbers, or the error (``repr``, logged) of an unreadable file or a
-    raising ``key_numbers``."""
+    """Each investigation's key numbers, or the error (``repr``, logged)."""
     out: dict[str, list[registry.KeyNumber] | str] = {}
     for name, r in results.items():
         try:
@@ -283,8 +277,7 @@ def _part_id(part: Mapping[str, Any]) -> str:
 
 
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
-    """One row per unit of work of a merged run (wall in s, GPUs as shortened NVML UUIDs); None
-    without units."""
+    """One row per unit of work of a merged run (wall in s); None without units."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -357,9 +350,8 @@ def refused_records(run_dir: str | Path) -> list[str]:
 def engine_ends_frame(
     run_dir: str | Path, bundles: Mapping[Path, ResultBundle | Exception]
 ) -> pd.DataFrame | None:
-    """One row per launch that did not end by perfkit's plain teardown (each of ``bundles``, the
-    units' under ``RUN/shards/`` too), then each process a notebook's kernel left that the suite
-    ended (``outlived``). None when there is none."""
+    """One row per launch that did not end by perfkit's plain teardown (``bundles`` and the units'),
+    then each process a kernel left that the suite ended (``outlived``); None when none."""
     run_dir = Path(run_dir)
     rows = []
     units = load_bundles(m.parent for m in sorted(run_dir.glob("shards/*/units/*/*/meta.json")))

@@ -1,6 +1,5 @@
-"""One table formatter for the page, summary.md and notebooks (:func:`format_table`; rendered by
-:func:`markdown_table`, :func:`styled`), and the notebooks' tables beside the plots: requests, first-
-request costs, verdict sentences, invariants, :func:`replay_markdown`. Rules: docs/suite.md."""
+"""One table formatter for the page, summary.md and notebooks (:func:`format_table`), and the
+notebooks' tables beside the plots (requests, first-request costs, verdicts). Rules: docs/suite.md."""
 
 from __future__ import annotations
 
@@ -116,9 +115,8 @@ def format_table(
     labels: bool = True,
     transpose: bool | str = False,
 ) -> Table:
-    """``df`` as a :class:`Table` (index dropped, headers :func:`column_label` with ``labels``);
-    ``transpose``: one row per column (``"auto"``: for a wide table with few rows).
-    Raises TypeError: ``df`` is not a DataFrame."""
+    """``df`` as a :class:`Table` (headers :func:`column_label` with ``labels``; ``transpose``: a row
+    per column, ``"auto"`` for a wide table). Raises TypeError: ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"format_table needs a DataFrame, got {type(df).__name__}")
     header = [column_label(c) if labels else str(c) for c in df.columns]
@@ -158,10 +156,8 @@ def _check_cell(v: Any, name: bool) -> str:
 def markdown_table(
     df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False, checks: bool = False
 ) -> str:
-    """A GitHub Markdown table of ``df`` (:func:`format_table`), cells through ``md_text``;
-    ``own_markdown``: the cells' Markdown kept, only ``|`` and line breaks escaped; ``checks``: as
-    ``perfkit compare`` prints it (headers as they are, 2 decimals, no live tag or link; ``<=`` kept).
-    Raises TypeError: ``df`` is not a DataFrame."""
+    """A GitHub Markdown table of ``df``, cells through ``md_text`` (``own_markdown``: kept, ``|`` escaped;
+    ``checks``: as ``perfkit compare`` prints it). Raises TypeError: ``df`` is not a DataFrame."""
     if checks:
         header = [str(c) for c in df.columns]
         rows = [
@@ -293,9 +289,8 @@ def _shape_text(row: Mapping[str, Any]) -> str:
 
 
 def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``requests`` with ``role`` (``cold, new shape``: the warmup had not run its latent shape),
-    ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and ``request``.
-    Raises ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
+    """``requests`` with ``role``, ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and
+    ``request``. Raises ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
     missing = [c for c in ("launch", "index") if c not in requests.columns]
     if missing:
         raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
@@ -313,8 +308,7 @@ def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) 
 
 
 def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
-    """Every request for display: launch, index, role, shape, e2e (ms), compiles (count, ms,
-    reason), status."""
+    """Every request for display (e2e and compile times in ms)."""
     if requests is None or requests.empty:
         return pd.DataFrame(columns=["launch", "#", "role", "shape", "e2e (ms)", "status"])
     df = request_roles(requests)
@@ -394,8 +388,7 @@ def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: p
 
 
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
-    """The verdict in sentences: status and counts, then the failed, inconclusive, skipped and
-    passed checks with their reasons."""
+    """The verdict in sentences: status and counts, then the checks by status with reasons."""
     df = check_table(list(rows))
     if df.empty:
         return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
@@ -422,8 +415,7 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
 
 
 def check_frame(rows: Iterable[Check | Mapping[str, Any]], with_case: bool = False) -> pd.DataFrame:
-    """The check rows: metric, limit (the bound with any noise margin, else the limit), measured,
-    status, reason; ``case`` first with ``with_case``."""
+    """The check rows: metric, limit (bound, else expected), measured, status, reason."""
     df = check_table(list(rows))
     df = df.assign(
         limit=pd.to_numeric(df["bound"], errors="coerce").fillna(

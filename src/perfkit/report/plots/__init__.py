@@ -1,6 +1,5 @@
-"""Matplotlib figures for perfkit bundles, one module per family (:mod:`.base`: shared helpers and
-colours), re-exported here with :mod:`perfkit.roles`' request roles. Each takes a bundle's
-DataFrames (ms, MiB, ``t*_s`` epoch s) and returns a pyplot-free Figure: docs/suite.md."""
+"""Matplotlib figures, one module per family (:mod:`.base`: shared helpers and colours), re-exported
+here with the request roles; each takes a bundle's DataFrames and returns a pyplot-free Figure."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Helpers every figure module of :mod:`perfkit.report.plots` shares: bundle unpacking, launch
-names, ms ticks, the figure, its PNG and alt text, and the colours (stages by class, the cold
-request, request roles). Times in ms, memory in MiB."""
+"""Helpers the figure modules share: bundle unpacking, launch names, ms ticks, the figure, its PNG
+and alt text, and the colours (stages by class, request roles). Times in ms, memory in MiB."""
 
 from __future__ import annotations
 
@@ -93,6 +92,11 @@ def empty_note(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
+def x_text(ax: Any, x: float, y: float, text: str, **kw: Any) -> None:
+    """``text`` centred at data ``x`` and axes-fraction ``y``, 7 pt."""
+    ax.text(x, y, text, transform=ax.get_xaxis_transform(), ha="center", fontsize=7, **kw)
+
+
 def new_figure(width: float, height: float) -> Figure:
     """A pyplot-free, constrained-layout Figure of ``width`` x ``height`` inches."""
     from matplotlib.figure import Figure  # here: drawing is the only reason to import matplotlib
@@ -114,8 +118,7 @@ def figure_to_png_bytes(fig: Figure, dpi: int = 100) -> bytes:
 
 
 def alt_text(fig: Figure) -> str:
-    """A one-sentence description of ``fig`` for an ``img`` alt attribute: its title, then
-    each titled or labelled axis (``"y label vs x label"``). Never empty."""
+    """The ``img`` alt text of ``fig``: its title and each axis (``"y label vs x label"``)."""
     parts = []
     sup = getattr(fig, "_suptitle", None)
     if sup is not None and sup.get_text():

@@ -1,6 +1,5 @@
-"""The verdict figures: the baseline gate's actual vs expected per metric, with the tolerance band,
-coloured by verdict status (:func:`baseline_vs_actual`), and the A/B forest plot of B/A per metric
-with its interval and the launches behind it (:func:`ab_forest`)."""
+"""The verdict figures: the baseline gate's actual vs expected (:func:`baseline_vs_actual`) and the
+A/B forest plot (:func:`ab_forest`)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ def _metric_unit(metric: str) -> str:
 
 
 def baseline_vs_actual(verdicts: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Actual vs expected per verdict row with an expected value: bars coloured by status, a tick
-    at expected, a band to bound; one axis per unit (ms, MiB: names with ``vram``/``_mb``/``mib``/
-    ``memory``), its first bar container the bands, the second the actual values."""
+    """Actual vs expected per verdict row with an expected value, bars coloured by status, a band to
+    bound; one axis per unit (ms, MiB)."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     df = verdicts.copy() if verdicts is not None else pd.DataFrame()
@@ -93,8 +91,7 @@ AB_DECISION_COLORS = {
 
 
 def ab_forest(table: pd.DataFrame, launch_means: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Forest plot of an A/B (:class:`perfkit.ab.decide.AbResult`'s table and launch_means): a row
-    per measured metric, B/A (% change) with its interval, each launch over A's geometric mean
+    """Forest plot of an A/B: per measured metric B/A (% change) with its interval and each launch
     (A grey, B coloured), the ±threshold band; "not measured" metrics named in the title."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 

@@ -1,7 +1,5 @@
-"""Serving-under-load figures from the per-level results (``concurrency`` or ``rate_rps``,
-``p50_ms``, ``p99_ms``, ``p99_ci``, ``queue_wait_ms``, ``service_ms``, ``t0_s``, ``t1_s``: ms,
-epoch s) and the ``memory`` table (MiB); the offload modes figure: device and host memory (MiB)
-and warm latency (ms) per offload mode (:func:`offload_memory_latency`)."""
+"""Serving-under-load figures from the per-level results (ms, epoch s) and the ``memory`` table (MiB),
+and the offload modes figure (:func:`offload_memory_latency`)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure, one_axis
+from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure, one_axis, x_text
 
 
 def _label(lv: Mapping[str, Any]) -> str:
@@ -24,8 +22,7 @@ def _num(v: Any) -> float:
 
 
 def latency_vs_concurrency(levels: Sequence[Mapping[str, Any]], *, title: str | None = None) -> Figure:
-    """p50 and p99 of e2e (ms) per closed-loop level, the p99's 95 % order-statistic interval as a
-    bar (an upper end the requests cannot bound: an arrow up)."""
+    """p50 and p99 of e2e (ms) per closed-loop level, the p99's 95 % interval as a bar."""
     fig, ax = one_axis(6.4, 3.8)
     closed = [lv for lv in levels if lv.get("concurrency") is not None]
     if not closed:
@@ -117,15 +114,7 @@ def memory_under_concurrency(
         a, b = lv.get("t0_s"), lv.get("t1_s")
         if is_finite(a) and is_finite(b):
             ax.axvspan(a - t0, b - t0, color="grey", alpha=0.08 + 0.06 * (i % 2))
-            ax.text(
-                (a + b) / 2 - t0,
-                1.0,
-                _label(lv),
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-            )
+            x_text(ax, (a + b) / 2 - t0, 1.0, _label(lv), va="bottom")
     ax.set_xlabel("seconds since the first sample")
     ax.set_ylabel("MiB")
     ax.legend(loc="lower right", fontsize=8)

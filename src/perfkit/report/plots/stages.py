@@ -1,6 +1,5 @@
-"""The stage breakdown figure: per-stage latency (ms), the cold request beside the warm median, per
-launch and request shape (:func:`stage_breakdown`); the warmup coverage figure: first-request
-penalty (ms) by startup warmup frames x request frames (:func:`coverage_heatmap`)."""
+"""The stage breakdown figure (:func:`stage_breakdown`, ms) and the warmup coverage heatmap of
+first-request penalties (:func:`coverage_heatmap`)."""
 
 from __future__ import annotations
 
@@ -67,9 +66,8 @@ def stage_breakdown(
     launch: Any = None,
     title: str | None = None,
 ) -> Figure:
-    """Per-stage latency (ms), the cold request beside the warm median (``stages``: the table or a
-    ResultBundle; without ``requests`` index 0 is cold): one axis per launch, each bar container a
-    series labelled ``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``; docs/suite.md."""
+    """Per-stage latency (ms), the cold request beside the warm median, one axis per launch
+    (``stages``: the table or a ResultBundle; without ``requests`` index 0 is cold; docs/suite.md)."""
     stages, b = unbundle(stages, "stages", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     df = of_launch(stages, launch) if stages is not None else pd.DataFrame()

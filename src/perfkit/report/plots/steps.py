@@ -1,6 +1,5 @@
-"""Per-request figures: end-to-end latency (ms) per request (:func:`e2e_per_request`), step time
-(ms) per step and request (:func:`step_times`), and one profiled step's top-level ops over time
-(:func:`step_timeline`)."""
+"""Per-request figures: e2e latency per request, step time per step, and one profiled step's
+top-level ops over time (ms)."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ def e2e_per_request(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """End-to-end latency (ms) per request index (``requests``: the table or a ResultBundle): one
-    line per launch, a marker collection per launch and role (cold, first of a new shape) drawn;
-    log y when the requests span more than 30x."""
+    """End-to-end latency (ms) per request index, a line per launch, the cold and first-of-a-shape
+    requests marked (``requests``: the table or a ResultBundle); log y past 30x."""
     requests, b = unbundle(requests, "requests", launches=launches)
     launches = b["launches"]
     names = launch_names(launches)
@@ -111,9 +109,8 @@ def step_times(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """DenoisingStage step time (ms) vs step index (``steps``: the table or a ResultBundle): one
-    line per (launch, request) in ``ax.lines``, labelled with role and shape (warm lines after
-    the first: ``_child``); what it draws: docs/suite.md, "The report page"."""
+    """DenoisingStage step time (ms) per step, a line per (launch, request) labelled with role and
+    shape (``steps``: the table or a ResultBundle; docs/suite.md)."""
     steps, b = unbundle(steps, "steps", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     names = launch_names(launches)
@@ -176,9 +173,8 @@ def step_times(
 
 
 def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """The first denoising step of ``events`` (:func:`perfkit.readings.traces.op_events`) that is
-    not sglang's ``warmup_step``: top-level ops as bars over ms, a lane for each of the 8 ops with
-    most time, the rest "other ops"; a ``full_stages`` trace shows its denoising stage."""
+    """The first denoising step of ``events`` that is not sglang's ``warmup_step``: its 8 costliest
+    top-level ops as bars over ms, the rest "other ops" (``full_stages``: the denoising stage)."""
     top = events[(events["cat"] != "kernel") & events["top"]] if not events.empty else events
     ev = top[top["step"] >= 0] if not top.empty else top
     fig, ax = one_axis(8.5, 3.8)

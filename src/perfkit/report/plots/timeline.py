@@ -1,6 +1,5 @@
-"""The memory timeline: device and host memory (MiB) over time since the engine's launch, with the
-launch's phases shaded, each request's span and role, compile events and stage starts
-(:func:`memory_timeline`)."""
+"""The memory timeline (:func:`memory_timeline`): device and host memory (MiB) since the engine's
+launch, with its phases, requests, compiles and stage starts."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from perfkit.report.plots.base import (
     ordered_stages,
     stage_colors,
     unbundle,
+    x_text,
 )
 from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 
@@ -59,25 +59,15 @@ def _draw_phases(tl: _Timeline, t: pd.Series) -> None:
             continue
         for ax in axes:
             ax.axvspan(a - t0, z - t0, color=color, alpha=0.5, lw=0, gid="phase-span")
-        axes[-1].text(
-            (a + z) / 2 - t0,
-            0.03,
-            lab,
-            transform=axes[-1].get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        x_text(axes[-1], (a + z) / 2 - t0, 0.03, lab, va="bottom")
         tl.handles.setdefault(lab, Patch(color=color, alpha=0.5, label=lab))
     if t.notna().any() and float(t.min()) > phases["ready"] - 0.5:
-        axes[-1].text(
+        x_text(
+            axes[-1],
             (phases["ready"] - t0) / 2,
             0.5,
             "no memory samples\nbefore ready",
-            transform=axes[-1].get_xaxis_transform(),
-            ha="center",
             va="center",
-            fontsize=7,
             color="dimgray",
         )
 
@@ -112,17 +102,7 @@ def _draw_request(tl: _Timeline, r: Mapping[str, Any], role: str, short: str, x_
     for ax in axes if not phase else []:
         ax.axvspan(a, z, color=color, alpha=0.15, gid="request-span", lw=0)
     if role != ROLE_WARMUP and (z - a) > 0.012 * x_span:
-        axes[0].text(
-            (a + z) / 2,
-            0.9,
-            short,
-            transform=axes[0].get_xaxis_transform(),
-            ha="center",
-            va="top",
-            rotation=90,
-            fontsize=7,
-            color=color,
-        )
+        x_text(axes[0], (a + z) / 2, 0.9, short, va="top", rotation=90, color=color)
     key = {ROLE_WARM: "warm requests", ROLE_WARMUP: "startup warmup request", ROLE_COLD: "cold request"}.get(
         role, role
     )
@@ -209,9 +189,8 @@ def memory_timeline(
     device_name: str | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Device and host memory (MiB) over time since the engine's launch (panels, marks and artist
-    gids: docs/suite.md, "The report page"): one or two axes sharing x (s since launch, else since
-    the first sample). ``memory`` may be a ResultBundle (its other tables and GPU name come with it)."""
+    """Device and host memory (MiB) over time since the engine's launch (docs/suite.md, "The report
+    page"); ``memory`` may be a ResultBundle (its other tables and GPU name come with it)."""
     mem, b = unbundle(memory, "memory", requests=requests, stages=stages, launches=launches)
     requests, stages, launches = b["requests"], b["stages"], b["launches"]
     device_name = device_name or b["meta"].get("gpu_name")
