@@ -59,7 +59,6 @@ def _verdict_frame(res: AbResult) -> pd.DataFrame:
 
 
 def _decision_counts(res: AbResult) -> pd.DataFrame:
-    """One row per decision present, worst first."""
     from perfkit.stats import DECISIONS
 
     t = res.table
@@ -67,8 +66,7 @@ def _decision_counts(res: AbResult) -> pd.DataFrame:
     rows = []
     for label, mask in (("", gated), (" (not gated)", ~gated)):
         for d in DECISIONS:
-            names = list(t.loc[(t["decision"] == d) & mask, "metric"])
-            if names:
+            if names := list(t.loc[(t["decision"] == d) & mask, "metric"]):
                 rows.append({"status": d + label, "metrics": len(names), "which": ", ".join(names)})
     return pd.DataFrame(rows, columns=["status", "metrics", "which"])
 
@@ -163,7 +161,6 @@ def _spells_line(res: AbResult) -> str:
 
 
 def _looks_frame(res: AbResult) -> pd.DataFrame:
-    """A row a gated metric, a column a look; empty without looks."""
     seq = res.meta.get("sequential") or {}
     cols: dict[str, dict[str, str]] = {}
     for i, lk in enumerate(seq.get("looks") or [], 1):
@@ -194,7 +191,6 @@ def design_text(d: Mapping[str, Any], probe: bool = False) -> str:
 
 
 def _sequential_text(res: AbResult) -> str:
-    """How the sequential procedure ran and why it stopped; "" without it."""
     seq = res.meta.get("sequential") or {}
     if not seq:
         return ""
@@ -203,8 +199,7 @@ def _sequential_text(res: AbResult) -> str:
         f"sequential: {design_text(seq.get('design') or {})}; ran "
         f"{', '.join(f'{v} of {k}' for k, v in run.items())}; stopped: {seq.get('reason')}"
     )
-    replaced = {k: v for k, v in (seq.get("replaced") or {}).items() if v}
-    if replaced:
+    if replaced := {k: v for k, v in (seq.get("replaced") or {}).items() if v}:
         text += "; replaced as run in a slow spell: " + ", ".join(x for v in replaced.values() for x in v)
     if seq.get("spell_kept"):
         text += (
@@ -266,11 +261,9 @@ def ab_summary_markdown(res: AbResult) -> str:
             lines.append(
                 f"- gated but not measured on both sides (gates nothing): {md_text(', '.join(res.gated_unmeasured))}"
             )
-    seq = _sequential_text(res)
-    if seq:
+    if seq := _sequential_text(res):
         lines.append(f"- {md_text(seq)}")  # it names metrics (stage names from the bundles)
-    spells = _spells_line(res)
-    if spells:
+    if spells := _spells_line(res):
         lines.append(f"- {spells}")
     if res.ungated_regressions:
         lines.append(f"- reported, not gated: {md_text(', '.join(res.ungated_regressions))} regressed")

@@ -25,8 +25,7 @@ _FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 @dataclass
 class BelowStage:
-    """What a bundle's profiled requests say: top ops per stage, the first request (``diff_from``)
-    against the warm ones' medians (``kernel_diff``: None on a CPU run), per role events and overhead."""
+    """What a bundle's profiled requests say (``kernel_diff``: None on a CPU run)."""
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -42,7 +41,7 @@ class BelowStage:
 def below_stage(
     bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
 ) -> BelowStage | None:
-    """The profiled requests of ``bundle`` (of ``roles``) op by op; None when it profiled nothing."""
+    """The profiled requests of ``bundle`` op by op; None when it profiled nothing."""
     t = bundle.table("traces")
     if t.empty:
         return None
@@ -170,12 +169,10 @@ def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold", second: str 
 
 
 def first_word(bs: BelowStage) -> str:
-    """What the diff's first side is called: ``cold`` or ``first`` (of a new shape)."""
     return "cold" if bs.diff_from in (None, DIFF_ROLES[0]) else "first"
 
 
 def diff_title(bs: BelowStage) -> str:
-    """The diff's caption: which request against which."""
     return f"{bs.diff_from or DIFF_ROLES[0]} → profiled warm (each op's median over the warm ones)"
 
 
@@ -189,8 +186,8 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 
 
 def panel(bundle: ResultBundle | Exception | None, link_prefix: str = "") -> dict[str, Any] | None:
-    """The report's "below the stage" panel of one bundle (None when it profiled nothing or
-    there is none). Never raises: an unreadable bundle (``Exception``) gives an ``errors`` entry."""
+    """The report's "below the stage" panel of a bundle or its load error; None when none or
+    nothing profiled. Never raises."""
     if bundle is None or isinstance(bundle, Exception):
         return bundle and _panel(pd.DataFrame(), errors=[repr(bundle)])
     try:

@@ -87,14 +87,12 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
     out = []
     for m in found:
         pairs = _ARG.findall(m.group("args"))
-        twice = sorted({k for k, _ in pairs if [x for x, _ in pairs].count(k) > 1})
-        if twice:
+        if twice := sorted({k for k, _ in pairs if [x for x, _ in pairs].count(k) > 1}):
             raise FiguresError(
                 f"{where}: figures attribute(s) {', '.join(twice)} given twice: {m.group('open').strip()}"
             )
         args = dict(pairs)
-        unknown = sorted(set(args) - set(_ATTRS))
-        if unknown:
+        if unknown := sorted(set(args) - set(_ATTRS)):
             raise FiguresError(
                 f"{where}: unknown figures attribute(s) {', '.join(unknown)} (known: {', '.join(_ATTRS)})"
             )
@@ -103,8 +101,7 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
         kind = args.get("kind", "full")
         if kind not in kinds():
             raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(kinds())}")
-        ignored = sorted(set(args) - {"src", "kind"} - set(_KIND_ATTRS.get(kind, ())))
-        if ignored:
+        if ignored := sorted(set(args) - {"src", "kind"} - set(_KIND_ATTRS.get(kind, ()))):
             raise FiguresError(
                 f"{where}: kind={kind} takes no {', '.join(ignored)} "
                 f"(it takes: src, kind{''.join(', ' + a for a in _KIND_ATTRS.get(kind, ()))}): {m.group('open').strip()}"
@@ -293,8 +290,7 @@ def _full_section(name: str, r: dict) -> list[str]:
     table = s.summary_table(r)
     if table is not None and not table.empty:
         parts += [markdown_table(table), ""]
-    reading = (s.reading(r) or "").strip()
-    if reading:
+    if reading := (s.reading(r) or "").strip():
         parts += [reading, ""]
     return parts
 

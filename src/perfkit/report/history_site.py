@@ -103,8 +103,7 @@ def series_context(
     settings: cp.Settings,
     confirmations: Mapping[tuple[str, ...], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What the template shows for one series. ``confirmations``: (hardware, case, metric, commit
-    before, commit after) -> that step's latest confirmation row."""
+    """What the template shows for one series (``confirmations``: step key -> latest confirmation)."""
     fig = trend_figure(a)
     png = base64.b64encode(figure_to_png_bytes(fig, dpi=80)).decode("ascii")
     alt = alt_text(fig)
@@ -175,7 +174,6 @@ def write_site(
     # oldest first: the latest confirmation of a step wins
     confirmations = {tuple(r[k] for k in keys): r for r in conf.to_dict("records")}
     hw_pages = []
-    pages: list[Path] = []
     for hw in sorted(frame["hardware"].unique()):
         rows = frame[frame["hardware"] == hw]
         mine = [a for a in analyses if a.hardware == hw]
@@ -184,37 +182,32 @@ def write_site(
             cases.setdefault(a.case_id, []).append(series_context(a, commit_url, settings, confirmations))
         latest = rows.sort_values("time").iloc[-1]
         page = out / f"{_slug(hw)}.html"
+        info = {
+            "hardware": hw,
+            "href": page.name,
+            "runs": rows["run_key"].nunique(),
+            "steps": sum(len(a.steps) for a in mine),
+            "last": f"{rows['time'].max():%Y-%m-%d}",
+        }
         page.write_text(
             env.get_template("history/hardware.html.j2").render(
-                hardware=hw,
-                runs=rows["run_key"].nunique(),
+                **info,
                 first=f"{rows['time'].min():%Y-%m-%d}",
-                last=f"{rows['time'].max():%Y-%m-%d}",
                 latest_commit=_commit_link(str(latest["commit"]), commit_url),
                 sources=", ".join(sorted(rows["source"].unique())),
                 events=[e for e in cp.events(mine) if len(e.members) > 1],
                 link=functools.partial(_commit_link, template=commit_url),
                 change_text=change_text,
                 cases=cases,
-                n_steps=(n_steps := sum(len(a.steps) for a in mine)),
+                n_steps=info["steps"],
                 n_outliers=sum(len(a.outliers) for a in mine),
                 settings=settings,
             )
         )
-        pages.append(page)
-        hw_pages.append(
-            {
-                "hardware": hw,
-                "href": page.name,
-                "runs": rows["run_key"].nunique(),
-                "cases": len(cases),
-                "steps": n_steps,
-                "last": f"{rows['time'].max():%Y-%m-%d}",
-            }
-        )
+        hw_pages.append({**info, "cases": len(cases)})
     index = out / "index.html"
     index.write_text(env.get_template("history/index.html.j2").render(pages=hw_pages, store=str(store)))
-    return [index, *pages]
+    return [index, *(out / p["href"] for p in hw_pages)]
 
 
 _REPORT_FILE = "report.html"

@@ -69,8 +69,7 @@ def template_env() -> jinja2.Environment:
 
 
 def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
-    """HTML of an executed notebook (nbconvert ``basic``, offline): code and stderr hidden, a first
-    cell ``# <drop_heading>`` left out. Raises OSError, nbformat.ValidationError, ValueError."""
+    """Notebook HTML, code and stderr hidden. Raises OSError, nbformat.ValidationError, ValueError."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -273,6 +272,16 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
     toc = [{**i, "status_text": i["ran"]} for i in v["inv"]]
+    failed = []  # the toc entries that get a red box (docs/suite.md)
+    for t in toc:
+        if t["gate"] != "fail":
+            continue
+        if t["name"] == GATE and "notebook" in verdicts:
+            own = verdicts[verdicts["notebook"] == GATE]["status"]
+            if not (own == "fail").any():
+                continue
+            t = {**t, "gate_text": f"fail: {check_counts(own)} that no investigation holds"}
+        failed.append(t)
     rows = pd.DataFrame(ri.investigations_table(v["inv"], checks=True))
     return {
         "title": f"perfkit report: {info.get('name', run_dir.name)}",
@@ -281,7 +290,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "meta": meta,
         "environment": v["env"],
         "toc": toc,
-        "failed": _failed_boxes(toc, verdicts),
+        "failed": failed,
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": format_table(rows, status_col="gate") if nbs else None,
         "units_table": None if v["units"] is None else format_table(v["units"]),
@@ -295,24 +304,9 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """The toc entries that get a red box (docs/suite.md)."""
-    out = []
-    for t in toc:
-        if t["gate"] != "fail":
-            continue
-        if t["name"] == GATE and "notebook" in verdicts:
-            own = verdicts[verdicts["notebook"] == GATE]["status"]
-            if not (own == "fail").any():
-                continue
-            t = {**t, "gate_text": f"fail: {check_counts(own)} that no investigation holds"}
-        out.append(t)
-    return out
-
-
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``); its path. Raises RuntimeError: the page would
-    load from the network; jinja2.TemplateError: a missing or broken template."""
+    """Write ``run_dir/report.html`` (or ``out``). Raises RuntimeError (it would load from the network),
+    jinja2.TemplateError."""
     run_dir = Path(run_dir)
     page = template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
     page = _relative_paths(page, run_dir)
@@ -322,8 +316,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         page = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", page)
         page = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
         page = _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
-        left = external_refs(page)
-        if left:
+        if left := external_refs(page):
             raise RuntimeError(f"report would load from the network: {left[:3]}")
     dst = Path(out) if out else run_dir / "report.html"
     dst.write_text(page, encoding="utf-8")
@@ -340,13 +333,11 @@ def write_tool_outputs(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md, encoding="utf-8")
-    gh = os.environ.get("GITHUB_STEP_SUMMARY")
-    if gh:
+    if gh := os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(gh, "a", encoding="utf-8") as fh:
             fh.write(md + "\n")
     html = template_env().get_template(PAGE_TEMPLATE).render(sections=[markupsafe.Markup(section)], **page)
-    bad = external_refs(html)
-    if bad:
+    if bad := external_refs(html):
         raise RuntimeError(f"{what} report would load from the network: {bad[:3]}")
     (out / "report.html").write_text(html, encoding="utf-8")
     return {"summary": out / "summary.md", "report": out / "report.html"}
@@ -446,8 +437,7 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
         f"{check_counts(view['status'])}"
         + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
     ]
-    why = nothing_measured_reason(verdicts)
-    if why:
+    if why := nothing_measured_reason(verdicts):
         head += ["", f"**Error: {md_text(why)}**"]
     if info.get("description"):
         head += ["", md_text(info["description"])]

@@ -64,8 +64,7 @@ def _present(df: pd.DataFrame, col: str) -> bool:
 
 
 def not_reported(launches: pd.DataFrame | None) -> list[str]:
-    """Labels of the :data:`_CONFIG_COLUMNS` settings no launch reported (why compile was disabled
-    is not missing when every launch compiled)."""
+    """Labels of the :data:`_CONFIG_COLUMNS` settings no launch reported."""
     df = launches if launches is not None else pd.DataFrame()
     out = [label for col, label in _CONFIG_COLUMNS.items() if not _present(df, col)]
     if _present(df, "compile_active") and df["compile_active"].fillna(False).astype(bool).all():
@@ -105,8 +104,7 @@ COMPILE_PHASES = (
 
 
 def compile_phase_text(value: Any) -> str:
-    """``compile_phases`` (JSON name -> ms) as "dynamo tracing 0.15 s · AOT + inductor 6.76 s";
-    "not reported" when none, "unreadable: ..." for a value not such an object."""
+    """``compile_phases`` (name -> ms) as "dynamo tracing 0.15 s · …"; else "not reported"/"unreadable"."""
     if not is_reported(value):
         return NOT_REPORTED
     try:
@@ -124,8 +122,7 @@ def compile_phase_text(value: Any) -> str:
 
 
 def recompilations(bundle: ResultBundle) -> Table | None:
-    """One row per request that compiled (times in s, the stage that paid over the warm median of
-    its launch and shape); None when none compiled."""
+    """One row per request that compiled (times in s); None when none did."""
     req = bundle.requests
     comp = req[(req["compiles"] > 0).fillna(False).to_numpy(bool)]
     if comp.empty:
@@ -177,8 +174,7 @@ def _compile_count_note(bundle: ResultBundle) -> str | None:
 
 
 def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
-    """Warnings and errors in engine logs (``name -> text``), a row per message (numbers folded),
-    most frequent first, at most ``limit``."""
+    """Warnings and errors in engine logs, a row per message, most frequent first."""
     found: dict[str, dict[str, Any]] = {}
     for name, text in (logs or {}).items():
         launch = re.sub(r"\.(stdout|stderr)\.log$", "", name)

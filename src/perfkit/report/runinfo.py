@@ -112,8 +112,7 @@ def load_bundles(dirs: Iterable[Path]) -> dict[Path, ResultBundle | Exception]:
 def run_results(
     run_dir: Path, on_error: Callable[[Path, Exception], None] | None = None
 ) -> dict[str, dict | str]:
-    """Each investigation's ``results.json`` in registry order: its dict, or the error (``repr``,
-    logged) of one that cannot be read, after ``on_error(path, exc)`` when given."""
+    """Each ``results.json`` in registry order, or its error (``repr``, logged; ``on_error`` first)."""
     out: dict[str, dict | str] = {}
     for s in registry.all_investigations():
         p = run_dir / s.name / "results.json"
@@ -142,7 +141,7 @@ def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.Ke
 
 
 def status_text(n: Mapping[str, Any]) -> str:
-    """Whether a notebook ran: ``ran`` (to its end), ``error``, ``skipped (<reason>)``."""
+    """Whether a notebook ran: ``ran``, ``error``, ``skipped (<reason>)``."""
     st = str(n.get("status"))
     if st == "ok":
         return "ran"
@@ -178,8 +177,7 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The gate rows with ``baseline`` (empty for an invariant), ``measured`` and ``limit`` for
-    expected/actual/bound, failures first."""
+    """The gate rows, ``baseline``/``measured``/``limit`` for expected/actual/bound, failures first."""
     if verdicts.empty:
         return pd.DataFrame(columns=GATE_COLUMNS)
     inv = verdicts["case"].isin([s.name for s in registry.all_investigations()])
@@ -213,8 +211,7 @@ def _measured_elsewhere(results: Mapping[str, dict | str], name: str) -> str | N
 def investigations(
     run_dir: str | Path, nbs: list[dict[str, Any]], results: Mapping[str, dict | str]
 ) -> list[dict[str, Any]]:
-    """One entry per notebook: ``name``, ``title``, ``ran``, ``gate``, ``gate_text``, ``note``
-    (where another investigation measured a skipped one), ``wall_s``, ``error``."""
+    """One entry per notebook for the Investigations table and the page's toc."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:
@@ -260,7 +257,7 @@ def run_warnings(run_dir: Path) -> list[str]:
 
 
 def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
-    """(run.json info, verdict rows, exit code, status word) of a run directory."""
+    """(run.json info, verdict rows, exit code, status word)."""
     info = _run_info(run_dir)
     verdicts = collect_verdicts(run_dir)
     code = info.get("exit_code")

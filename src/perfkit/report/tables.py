@@ -87,8 +87,7 @@ def column_label(name: Any) -> str:
 
 @dataclass(frozen=True)
 class Table:
-    """``header`` (labels), ``rows`` (display strings, ``len(header)`` each), ``status_col`` (index of
-    the status column the page colours, or None), ``transposed`` (first column: the labels)."""
+    """``rows``: display strings; ``status_col``: the column the page colours; ``transposed``: labels first."""
 
     header: list[str]
     rows: list[list[str]]
@@ -221,7 +220,6 @@ def styled(
 
 
 def _default_index(df: pd.DataFrame) -> bool:
-    """True when the index is unnamed integers (not shown)."""
     idx = df.index
     return idx.nlevels == 1 and idx.name is None and (len(idx) == 0 or idx.dtype.kind in "iu")
 
@@ -291,8 +289,7 @@ def _shape_text(row: Mapping[str, Any]) -> str:
 def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
     """``requests`` with ``role``, ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and
     ``request``. Raises ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
-    missing = [c for c in ("launch", "index") if c not in requests.columns]
-    if missing:
+    if missing := [c for c in ("launch", "index") if c not in requests.columns]:
         raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
     df = requests.reset_index(drop=True)
     # each row's roles by position (request_id: the row number), ROLE_WARM where none came back
@@ -342,8 +339,7 @@ def _reason(v: Any) -> str | None:
 
 
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per cold or first-of-a-new-shape request: ``first (ms)``, its shape's ``warm median
-    (ms)`` in its launch, ``penalty (ms)``, the ``penalty stage`` and its recompilations."""
+    """One row per cold or first-of-a-new-shape request: its penalty (ms) over the warm median."""
     cols = ["launch", "request", "shape", "first (ms)", "warm median (ms)", "penalty (ms)", "penalty stage"]
     cols += ["stage penalty (ms)", "compiles", "compiling (ms)", "recompile reason"]
     if requests is None or requests.empty:
@@ -378,8 +374,7 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
 
 
 def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
-    """(stage, ms) holding most of request ``first``'s excess over the ``warm`` requests' median
-    (per-request stage sums); (None, nan) when none."""
+    """(stage, ms) holding most of ``first``'s excess over the ``warm`` median; (None, nan) when none."""
     if stages is None or warm.empty or "request_id" not in stages.columns:
         return None, math.nan
     ids = pd.concat([pd.Series([first.get("request_id")]), warm["request_id"]], ignore_index=True)
@@ -438,8 +433,7 @@ def invariants_frame(investigation: str, given: Mapping[str, Any] | None = None)
 
 
 def _comparable(given: Any, recorded: Any) -> Any:
-    """``recorded`` reduced to what ``given`` states (its keys, None dropped); a cap without a device
-    or host limit reads as None (no cap)."""
+    """``recorded`` reduced to what ``given`` states; a cap without limits reads as None."""
     if given is None and isinstance(recorded, Mapping) and "label" in recorded:
         if recorded.get("device_gib") is None and recorded.get("host_gib") is None:
             return None
@@ -481,8 +475,7 @@ def _value_text(v: Any) -> str:
 
 
 def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
-    """What a replay of ``source`` re-applies (the checks) and what it cannot: each param of
-    ``given`` that differs from ``recorded_params`` (``meta["params"]``) named with both values."""
+    """What a replay of ``source`` re-applies, and each ``given`` param the bundle was not measured with."""
     lines = [
         f"Replayed from {md_text(source, code=True)}: the measurements are the recorded ones; the checks are judged "
         "again, here, against the limits below (a verdict recorded in the bundle is not used)."

@@ -146,7 +146,6 @@ def _series_bars(kind: str, items: _Items, shade: int) -> tuple[np.ndarray, Any,
 
 
 def _draw_series(ax: Any, series: dict[tuple[str, str], _Items], n_stages: int, log: bool) -> None:
-    """One bar per stage for each series of a panel, side by side, each labelled with its value."""
     shapes = list(dict.fromkeys(s for s, _ in series))
     keys = sorted(series, key=lambda sk: (shapes.index(sk[0]), _KIND_ORDER.get(sk[1], 3)))
     n_series = max(1, len(keys))
@@ -182,7 +181,6 @@ def _draw_series(ax: Any, series: dict[tuple[str, str], _Items], n_stages: int, 
 
 
 def _label_panel(ax: Any, stage_cols: list[str], log: bool) -> None:
-    """Stage ticks, the y axis in ms (log when the bars span more than 30x) and the legend."""
     ax.set_xticks(np.arange(len(stage_cols)), stage_cols, rotation=15 if len(stage_cols) > 5 else 0)
     ms_y(ax, "stage latency", log)
     ax.margins(y=0.25)

@@ -185,8 +185,7 @@ def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
         ev = ev[ev["step"] == step]
         what = f"Denoising step {step}"
     elif not top.empty:  # full_stages: no step ranges; the denoising stage whole
-        den = [s for s in dict.fromkeys(top["stage"]) if "denoising" in str(s).lower()]
-        if den:
+        if den := [s for s in dict.fromkeys(top["stage"]) if "denoising" in str(s).lower()]:
             ev = top[top["stage"] == den[0]]
             what = f"{den[0]} (no step ranges in a full_stages trace)"
     if ev.empty or what is None:

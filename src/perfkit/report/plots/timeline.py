@@ -32,8 +32,6 @@ from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, requ
 
 @dataclass
 class _Timeline:
-    """What every part of one memory timeline draws against."""
-
     mem: pd.DataFrame
     names: dict[Any, str]
     t0: float
@@ -47,7 +45,6 @@ class _Timeline:
 
 
 def _draw_phases(tl: _Timeline, t: pd.Series) -> None:
-    """Shade and label the launch's model load and startup warmup on every panel."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     phases, axes, t0 = tl.phases, tl.axes, tl.t0
@@ -139,7 +136,6 @@ def _draw_request(tl: _Timeline, r: Mapping[str, Any], role: str, short: str, x_
 
 
 def _draw_stage_marks(tl: _Timeline, stages: pd.DataFrame) -> None:
-    """A dotted line at each stage start, coloured by stage class, on every panel."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
 
     st = stages[pd.to_numeric(stages["t_start_s"], errors="coerce").notna()]
@@ -226,7 +222,6 @@ def memory_timeline(
 
 
 def _col(mem: pd.DataFrame, name: str) -> pd.Series:
-    """Column ``name`` of the samples as numbers (all NaN when absent)."""
     return pd.to_numeric(mem.get(name, pd.Series(np.nan, index=mem.index, dtype=float)), errors="coerce")
 
 
@@ -278,7 +273,6 @@ def _series(tl: _Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
 def _draw_device(
     tl: _Timeline, device_name: str | None, title: str, cap_gib: Any, one_launch: Mapping[str, Any] | None
 ) -> None:
-    """The device panel: device used, its cap and the load and warmup peaks the engine recorded."""
     ax_dev = tl.axes[0]
     _series(tl, ax_dev, "device_used_mib", f"device used ({device_name})" if device_name else "device used")
     ax_dev.set_ylabel("device memory (MiB)")
@@ -312,7 +306,6 @@ def _draw_device(
 
 
 def _draw_host(tl: _Timeline, cap_gib: Any, title: str) -> None:
-    """The host panel: PSS, cgroup memory.current, RSS, anonymous memory and the host cap."""
     ax_host = tl.axes[-1]
     host_drew = _series(tl, ax_host, "host_pss_mib", "host PSS (process tree)")
     host_drew |= _series(tl, ax_host, "cgroup_current_mib", "cgroup memory.current", ls="-.")
