@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from perfkit.bundle import ResultBundle
 from perfkit.readings.records import read_perf_log
 from perfkit.readings.traces import TraceError, load_trace, op_diff, op_events
 from perfkit.report.belowstage import ab_panel, panel
@@ -41,7 +42,7 @@ def test_the_first_request_penalty_is_compilation_not_kernels():
 def test_the_report_panel_shows_the_kernel_diff_of_a_gpu_trace():
     """The report's "below the stage" panel of the GPU bundle carries the device-kernel diff (the
     CPU-side op diff moves with host noise on a GPU); a CPU trace has none (tests/test_profiling)."""
-    p = panel(BUNDLE)
+    p = panel(ResultBundle.load(BUNDLE))
     assert p["kernel_diff"] is not None and p["diff"] is not None
     header = p["kernel_diff"].header
     change = [abs(float(r[header.index("change (ms)")])) for r in p["kernel_diff"].rows]

@@ -112,6 +112,7 @@ def test_report_header_keeps_dirty_and_the_source_digest(tmp_path):
     import json
 
     from perfkit.report.render import _engine_facts
+    from perfkit.report.runinfo import load_bundles
 
     meta = json.loads((ROOT / "examples/h200/consumer-12g/launch1/cold_warm/meta.json").read_text())
     assert meta["git_commit"].endswith("+dirty")
@@ -119,7 +120,7 @@ def test_report_header_keeps_dirty_and_the_source_digest(tmp_path):
     (tmp_path / "cold_warm" / "meta.json").write_text(
         json.dumps({**meta, "source_digest": "0123456789abcdef"})
     )
-    line = _engine_facts(tmp_path)[0]
+    line = _engine_facts(load_bundles([tmp_path / "cold_warm"]))[0]
     assert f"commit {meta['git_commit'][:10]}+dirty" in line and "source 0123456789abcdef" in line
     assert "NVIDIA H200" in line
 
@@ -130,15 +131,16 @@ def test_report_header_names_the_engines_versions_apart_from_perfkits(tmp_path):
     import json
 
     from perfkit.report.render import _engine_facts
+    from perfkit.report.runinfo import load_bundles
 
     meta = json.loads((ROOT / "examples/h200/consumer-12g/launch1/cold_warm/meta.json").read_text())
     (tmp_path / "cold_warm").mkdir()
     (tmp_path / "cold_warm" / "meta.json").write_text(json.dumps(meta))
-    old = _engine_facts(tmp_path)[0]
+    old = _engine_facts(load_bundles([tmp_path / "cold_warm"]))[0]
     assert f"engine versions not recorded; perfkit's torch {meta['torch_version']}" in old
     ev = {"python": "/v/bin/python", "sglang": "0.5.23", "torch": "2.14.1+cu130", "diffusers": "0.37.0"}
     meta["engine_versions"] = {"cold": ev}
     (tmp_path / "cold_warm" / "meta.json").write_text(json.dumps(meta))
-    line = _engine_facts(tmp_path)[0]
+    line = _engine_facts(load_bundles([tmp_path / "cold_warm"]))[0]
     assert "engine: sglang 0.5.23, torch 2.14.1+cu130, diffusers 0.37.0" in line
     assert f"(torch {meta['torch_version']})" in line  # perfkit's own, said as such

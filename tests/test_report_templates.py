@@ -301,7 +301,7 @@ def test_page_has_every_enabled_section(h200_run: Path, h200_html: str):
     for name in (*enabled, GATE):
         assert f'<section id="{name}"' in h200_html, name
         assert name in p.sections
-        title = runinfo.section_title(name)
+        title = runinfo.section_head(name)[0]
         assert f"<h2>{title}</h2>" in h200_html, title
     # every registered investigation appears once (a disabled one as a skipped section), in run order
     assert p.sections == [*registry.names(), GATE]

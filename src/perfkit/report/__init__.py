@@ -1,6 +1,5 @@
-"""The report: one self-contained HTML page per run (jinja2 templates under ``templates/``),
-the Markdown summary, one table formatter for both (:mod:`~perfkit.report.tables`), matplotlib
-figures (:mod:`~perfkit.report.plots`) and the notebook display helpers."""
+"""The report: one self-contained HTML page per run (jinja2, ``templates/``), summary.md, the one
+table formatter (:mod:`~perfkit.report.tables`), figures (:mod:`~perfkit.report.plots`), notebook helpers."""
 
 from perfkit.report.render import (  # noqa: F401
     CHROMIUM_FLAGS,

@@ -1,7 +1,4 @@
-"""The A/B report (``perfkit ab``): ``report.html`` with one A/B section
-(``templates/sections/ab.html.j2``) and ``summary.md``; and the Markdown of an A/B power pool
-(:mod:`perfkit.ab.power`) for ``perfkit figures`` (``kind=ab-power``, ``ab-sequential``:
-docs/ab.md)."""
+"""The A/B report (``perfkit ab``) and the ``perfkit figures`` Markdown of an A/B power pool (docs/ab.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import base64
 import logging
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -21,18 +18,16 @@ from perfkit.common.slugs import md_text
 from perfkit.gate.verdicts import STATUS_WORD
 from perfkit.report.belowstage import ab_panel
 from perfkit.report.plots import ab_forest, figure_to_png_bytes
-from perfkit.report.render import write_tool_outputs
+from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
 
 log = logging.getLogger(__name__)
 
-#: what the launches a side after an inconclusive metric mean (:func:`perfkit.ab.decide.needed_text`)
 _SIZED = "with the launches a side that would decide it, if its B/A and noise stay as observed"
 
 
 def _bound(x: Any) -> str:
-    """An interval bound as a % change, past ×10 either way said as such ("> +900 %", "< -90 %"):
-    two launches a side can give bounds of +10^18 %."""
+    """An interval bound as a % change, past ×10 either way "> +900 %" / "< -90 %"."""
     v = number(x)
     if v is not None and v > 10:
         return "> +900 %"
@@ -42,13 +37,11 @@ def _bound(x: Any) -> str:
 
 
 def _num(x: Any) -> str:
-    """A value by the report's one number rule (:func:`perfkit.common.numfmt.number_text`)."""
     v = number(x)
     return "–" if v is None else number_text(v)
 
 
 def _verdict_frame(res: AbResult) -> pd.DataFrame:
-    """The verdict table: A, B, B/A and interval as % change, threshold, decision, launches."""
     t = res.table
     return pd.DataFrame(
         {
@@ -66,7 +59,6 @@ def _verdict_frame(res: AbResult) -> pd.DataFrame:
 
 
 def _decision_counts(res: AbResult) -> pd.DataFrame:
-    """One row per decision present, worst first: ``status``, ``metrics`` (how many), ``which``."""
     from perfkit.stats import DECISIONS
 
     t = res.table
@@ -74,27 +66,18 @@ def _decision_counts(res: AbResult) -> pd.DataFrame:
     rows = []
     for label, mask in (("", gated), (" (not gated)", ~gated)):
         for d in DECISIONS:
-            names = list(t.loc[(t["decision"] == d) & mask, "metric"])
-            if names:
+            if names := list(t.loc[(t["decision"] == d) & mask, "metric"]):
                 rows.append({"status": d + label, "metrics": len(names), "which": ", ".join(names)})
     return pd.DataFrame(rows, columns=["status", "metrics", "which"])
 
 
 def _noise(t: pd.DataFrame, icc: Callable[[Any], str] = _num) -> dict[str, Any]:
-    """The metric, its CVs between and within launches and its ICC, as text columns."""
     return {
         "metric": t["metric"],
         "CV between launches": [percent_text(v) for v in t["cv_between"]],
         "CV within a launch": [percent_text(v) for v in t["cv_within"]],
         "ICC": [icc(v) for v in t["icc"]],
     }
-
-
-def _variance_frame(res: AbResult) -> pd.DataFrame:
-    t = res.table[res.table["decision"] != "not measured"]
-    return pd.DataFrame(
-        {**_noise(t), "launches needed": ["" if pd.isna(v) else str(v) for v in t["launches_needed"]]}
-    )
 
 
 def _launch_frame(res: AbResult) -> pd.DataFrame:
@@ -124,37 +107,29 @@ def _launch_frame(res: AbResult) -> pd.DataFrame:
 
 
 def _badge(res: AbResult) -> str:
-    """The page's verdict word: pass (for "no regression"), inconclusive, regression or error."""
     return {"no regression": STATUS_WORD[0]}.get(res.verdict, res.verdict)
 
 
 def ab_context(res: AbResult, page_dir: str | Path = ".") -> dict[str, Any]:
-    """What ``sections/ab.html.j2`` gets (the keys below; ``below_stage``:
-    :func:`perfkit.report.belowstage.ab_panel`, links relative to ``page_dir``)."""
+    """What ``sections/ab.html.j2`` gets (trace links relative to ``page_dir``)."""
     sides = res.meta.get("sides") or {}
     ab = res.meta.get("ab") or {}
     fig = ab_forest(res.table, res.launch_means)
-    load = ab.get("loadavg_end")
+    t = res.table[res.table["decision"] != "not measured"]
+    needed = ["" if pd.isna(v) else str(v) for v in t["launches_needed"]]
     return {
         "verdict": _badge(res),
         "confidence": confidence_text(res.confidence),
-        "paired": bool(ab.get("paired")),
-        "order": " ".join(ab.get("order") or []) or "(replayed: order not recorded)",
+        "ab": ab,
+        "meta": res.meta,
         "launches_per_side": _launches_text(res),
-        "warm_per_launch": ab.get("warm_per_launch", "?"),
-        "threshold_pct": f"±{float(res.meta.get('threshold', 0.05)) * 100:.1f} %",
-        "thresholds_from": res.meta.get("thresholds_from"),
-        "gate_metrics": ", ".join(res.meta.get("gate_metrics") or []),
-        "host_load": " / ".join(str(x) for x in load) if load else None,
-        "errors": list(res.meta.get("launch_errors") or []),
         "spells": _spells_line(res),
         "sequential": _sequential_text(res),
         "looks": format_table(_looks_frame(res), None),
         "verdicts": format_table(_verdict_frame(res)),
-        "variance": format_table(_variance_frame(res), None),
+        "variance": format_table(pd.DataFrame({**_noise(t), "launches needed": needed}), None),
         "launches": format_table(_launch_frame(res), None),
         "forest_png": base64.b64encode(figure_to_png_bytes(fig)).decode("ascii"),
-        "forest_alt": "forest plot of B/A per metric with intervals and per-launch dots",
         "below_stage": ab_panel(
             (sides.get("A") or {}).get("path"), (sides.get("B") or {}).get("path"), page_dir
         ),
@@ -176,7 +151,6 @@ def _launches_text(res: AbResult) -> str:
 
 
 def _spells_line(res: AbResult) -> str:
-    """A sentence on the run's slow spells, or "" when there were none."""
     sp = pd.DataFrame(res.meta.get("slow_spells") or [])
     if sp.empty or not (pd.to_numeric(sp["slow_requests"], errors="coerce") > 0).any():
         return ""
@@ -187,7 +161,6 @@ def _spells_line(res: AbResult) -> str:
 
 
 def _looks_frame(res: AbResult) -> pd.DataFrame:
-    """The sequential looks: a row a gated metric, a column a look; empty without looks."""
     seq = res.meta.get("sequential") or {}
     cols: dict[str, dict[str, str]] = {}
     for i, lk in enumerate(seq.get("looks") or [], 1):
@@ -202,21 +175,31 @@ def _looks_frame(res: AbResult) -> pd.DataFrame:
     return df.rename_axis("metric").reset_index()
 
 
+def design_text(d: Mapping[str, Any], probe: bool = False) -> str:
+    """A sequential design in words: an A/B's, or each ``probe``'s of bisect and confirm."""
+    lo, hi, spending = d.get("min_launches"), d.get("max_launches"), d.get("spending")
+    conf = float(d.get("confidence", 0.95))
+    if probe:
+        return (
+            f"{lo}–{hi} launches a side a probe{', paired' if d.get('paired') else ''} ({spending} alpha "
+            f"spending, {conf * 100:.0f} % over the looks)"
+        )
+    return (
+        f"first look at {lo} launches a side, at most {hi} run a side, {spending} alpha spending of "
+        f"{(1 - conf) * 100:.0f} % over the looks"
+    )
+
+
 def _sequential_text(res: AbResult) -> str:
-    """How the sequential procedure ran and why it stopped, in one sentence; "" without it."""
     seq = res.meta.get("sequential") or {}
     if not seq:
         return ""
-    d = seq.get("design") or {}
     run = seq.get("launches_run") or {}
     text = (
-        f"sequential: first look at {d.get('min_launches')} launches a side, at most "
-        f"{d.get('max_launches')} run a side, {d.get('spending')} alpha spending of "
-        f"{(1 - float(d.get('confidence', 0.95))) * 100:.0f} % over the looks; ran "
+        f"sequential: {design_text(seq.get('design') or {})}; ran "
         f"{', '.join(f'{v} of {k}' for k, v in run.items())}; stopped: {seq.get('reason')}"
     )
-    replaced = {k: v for k, v in (seq.get("replaced") or {}).items() if v}
-    if replaced:
+    if replaced := {k: v for k, v in (seq.get("replaced") or {}).items() if v}:
         text += "; replaced as run in a slow spell: " + ", ".join(x for v in replaced.values() for x in v)
     if seq.get("spell_kept"):
         text += (
@@ -288,11 +271,9 @@ def ab_summary_markdown(res: AbResult) -> str:
         lines.append(
             f"- gated but not measured on both sides (gates nothing): {md_text(', '.join(res.gated_unmeasured))}"
         )
-    seq = _sequential_text(res)
-    if seq:
+    if seq := _sequential_text(res):
         lines.append(f"- {md_text(seq)}")  # it names metrics (stage names from the bundles)
-    spells = _spells_line(res)
-    if spells:
+    if spells := _spells_line(res):
         lines.append(f"- {spells}")
     if res.ungated_regressions:
         lines.append(f"- reported, not gated: {md_text(', '.join(res.ungated_regressions))} regressed")
@@ -309,8 +290,7 @@ def ab_summary_markdown(res: AbResult) -> str:
 
 
 def write_ab_outputs(res: AbResult, out: str | Path) -> dict[str, Path]:
-    """``ab.json``, ``summary.md`` and ``report.html`` under ``out`` (as
-    :func:`~perfkit.report.render.write_tool_outputs`); returns name -> path."""
+    """``ab.json``, ``summary.md`` and ``report.html`` under ``out``: name -> path."""
     saved = res.save(out)
     sides = res.meta.get("sides") or {}
     meta = [{"text": f"side {s}", "code": (sides.get(s) or {}).get("path") or "?"} for s in ("A", "B")]
@@ -343,7 +323,6 @@ _METRIC_WORDS = {"DenoisingStage": "DenoisingStage", "warm_e2e": "warm e2e"}
 
 
 def _spells_text(sp: pd.DataFrame) -> str:
-    """One clause per arm of :func:`perfkit.ab.decide.slow_spells`."""
     sp = sp.assign(**{c: pd.to_numeric(sp[c], errors="coerce") for c in sp.columns if c != "arm"})
     return "; ".join(
         f"{r.arm}: {r.slow_requests} of {r.requests} warm requests in {r.slow_launches} of {r.launches} launches "
@@ -360,7 +339,6 @@ def _spells_text(sp: pd.DataFrame) -> str:
 
 
 def _ways_text(table: pd.DataFrame) -> str:
-    """How the rates were drawn: over every way to pick the launches (exact), or random draws."""
     exact = pd.concat([table["aa_exact"], table["ab_exact"]]).dropna()
     if len(exact) and exact.astype(bool).all():
         return "over every way to pick the launches from the pool (exact for this pool)"
@@ -370,8 +348,7 @@ def _ways_text(table: pd.DataFrame) -> str:
 
 
 def power_markdown(path: str | Path, threshold: float, confidence: float, label: str | None = None) -> str:
-    """Markdown for the pool at ``path`` decided at (``threshold``, ``confidence``). Raises
-    FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`."""
+    """``kind=ab-power`` for the pool at ``path``. Raises FileNotFoundError, ValueError (load_pool)."""
     pool = power.load_pool(path)
     a_n = len(pool.launches("A"))
     arms = "; ".join(
@@ -421,63 +398,36 @@ def power_markdown(path: str | Path, threshold: float, confidence: float, label:
             row[f"{r['arm']}: exit 1, gated"] = percent_text(r["detect_gate"])
             row[f"{r['arm']}: every metric gating"] = percent_text(r["detect_any"])
         rows.append(row)
-    lines = [
-        head,
-        "",
-        markdown_table(vt),
-        "",
-        "Slow spells (a warm request's DenoisingStage more than 5 % above its arm's quiet level, the "
-        f"10th percentile of the arm's warm requests): {spells}.",
-        "",
-        f"Decided as `perfkit ab --threshold {threshold:g} --confidence {confidence:g}` would "
-        f"(a regression: the {confidence:.0%} interval of B/A lies above {1 + threshold:g}); "
-        '"gated": the exit code with `--gate-metrics DenoisingStage,warm_e2e`, "every metric '
-        f'gating": without it; rates {_ways_text(table)}:',
-        "",
-        markdown_table(pd.DataFrame(rows)),
-        "",
-    ]
-    short_aa = sorted({int(n) for n, w in zip(table["n"], table["aa_ways"]) if not w})
-    if short_aa:
-        lines.append(
-            f"- No A/A rate (–) at N = {', '.join(map(str, short_aa))}: an A/A needs 2N distinct A launches "
-            f"and the pool has {a_n}."
-        )
-    for arm in pool.arms:
-        ns = sorted({int(r.n) for r in table.itertuples() if r.arm == arm and not r.ab_ways})
-        if ns:
-            lines.append(
-                f"- No rate for {arm} (–) at N = {', '.join(map(str, ns))}: it needs N launches of A and of "
-                f"{arm}; the pool has {a_n} of A and {len(pool.launches(arm))} of {arm}."
-            )
     untrusted = power.arm_warnings(pool)
-    for said in untrusted.values():
-        lines.append(f"- **Off its asked change:** {said}; no N and M are recommended from this pool.")
-    for alarm, what in () if untrusted else power.JUDGEMENTS.items():
-        rec = power.recommend(table, _DETECT_MIN, _ALARM_MAX, alarm=alarm)
-        if rec.empty:
-            lines.append(
-                f"- Judged by {what}: no N ≤ {int(table['n'].max())} meets detection ≥ {_DETECT_MIN:.0%} "
-                f"of every arm with A/A false alarms ≤ {_ALARM_MAX:.0%} at this setting."
-            )
-        else:
-            r = rec.iloc[0]
-            lines.append(
-                f"- Judged by {what}: the cheapest N and M with detection ≥ {_DETECT_MIN:.0%} of every arm "
-                f"and A/A false alarms ≤ {_ALARM_MAX:.0%} are **N = {int(r['n'])}, M = {int(r['m'])}** "
-                f"(worst detection {percent_text(r['detect_min_seen'])}, worst false alarm "
-                f"{percent_text(r['alarm_max_seen'])})."
-            )
-    sizes = f"{a_n} A launches" + "".join(f", {len(pool.launches(arm))} {arm}" for arm in pool.arms)
-    lines += [
-        "",
-        f"*Generated by `perfkit figures` from the pool `{label or path}` ({sizes}): launch values are "
-        "medians of the first M warm requests; intervals Welch t on their logs; the draws share "
-        "launches, so the rates describe this pool, not independent experiments (with 10 A launches "
-        "there are 252 A/A splits at N = 5: steps of 0.4 %); random draws, where taken, seed 0.*",
-        "",
+    recs = [
+        (what, power.recommend(table, _DETECT_MIN, _ALARM_MAX, alarm=alarm).head(1).to_dict("records"))
+        for alarm, what in (() if untrusted else power.JUDGEMENTS.items())
     ]
-    return "\n".join(lines)
+    tpl = template_env().get_template("figures/ab_power.md.j2")
+    return tpl.render(
+        pct=percent_text,
+        head=head,
+        variance=markdown_table(vt),
+        spells=spells,
+        threshold=threshold,
+        confidence=confidence,
+        ways=_ways_text(table),
+        table=markdown_table(pd.DataFrame(rows)),
+        short_aa=sorted({int(n) for n, w in zip(table["n"], table["aa_ways"]) if not w}),
+        short_ab=[
+            (arm, ns, len(pool.launches(arm)))
+            for arm in pool.arms
+            if (ns := sorted({int(r.n) for r in table.itertuples() if r.arm == arm and not r.ab_ways}))
+        ],
+        a_n=a_n,
+        untrusted=untrusted.values(),
+        recs=recs,
+        n_max=int(table["n"].max()),
+        detect=f"{_DETECT_MIN:.0%}",
+        alarm=f"{_ALARM_MAX:.0%}",
+        source=label or path,
+        sizes=f"{a_n} A launches" + "".join(f", {len(pool.launches(arm))} {arm}" for arm in pool.arms),
+    )
 
 
 #: experiments a kind (A/A, each arm) and slow-spell rule in a sequential replay; seed 0
@@ -489,9 +439,7 @@ _SEQ_GATE = ("DenoisingStage", "warm_e2e")
 def sequential_markdown(
     path: str | Path, threshold: float, confidence: float, label: str | None = None
 ) -> str:
-    """``kind=ab-sequential``: the sequential ``perfkit ab`` (Pocock spending, gated on
-    :data:`_SEQ_GATE`) replayed on the pool with each slow-spell rule.
-    Raises FileNotFoundError, ValueError: as :func:`perfkit.ab.power.load_pool`, or a pool too small."""
+    """``kind=ab-sequential``: the pool replayed. Raises FileNotFoundError, ValueError (load_pool)."""
     from perfkit.ab import sequential as sq
 
     pool = power.load_pool(path)
@@ -529,22 +477,15 @@ def sequential_markdown(
                 }
             )
     sizes = f"{a_n} A launches" + "".join(f", {len(pool.launches(arm))} {arm}" for arm in pool.arms)
-    lines = [
-        f"Sequential `perfkit ab --launches {sq.DEFAULT_MIN_LAUNCHES} --max-launches {mx} --threshold {threshold:g} "
-        f"--confidence {confidence:g} --gate-metrics {','.join(_SEQ_GATE)}` replayed on `{label or path}` "
-        f"({sizes}; the maximum is cut to {mx} launches a side, what the pool holds for an A/A of two "
-        "disjoint sides), with each slow-spell rule:",
-        "",
-        markdown_table(pd.DataFrame(rows)),
-        "",
-        f"*Generated by `perfkit figures` from the pool `{label or path}`: {_SEQ_SIMS} experiments a row (seed 0), "
-        "each a random order of the pool's launches drawn without replacement for each side (an A/A: the first "
-        f"{mx} of a random order of A's launches on one side, the next {mx} on the other), fed one launch at a "
-        "time in the order the procedure asks for; launch values are medians of the warm requests, intervals "
-        "Welch t at each look's share of the error rate (Pocock spending), split over the two gated metrics. The experiments share launches, so "
-        'the rates describe this pool, not independent occasions. "Caught on its metric": the run stopped on a '
-        "regression of the arm's own metric; a run stops at the first gated regression, so an arm called a "
-        "regression on DenoisingStage first is not looked at on warm e2e again.*",
-        "",
-    ]
-    return "\n".join(lines)
+    tpl = template_env().get_template("figures/ab_sequential.md.j2")
+    return tpl.render(
+        first=sq.DEFAULT_MIN_LAUNCHES,
+        mx=mx,
+        threshold=threshold,
+        confidence=confidence,
+        gate=_SEQ_GATE,
+        source=label or path,
+        sizes=sizes,
+        table=markdown_table(pd.DataFrame(rows)),
+        sims=_SEQ_SIMS,
+    )

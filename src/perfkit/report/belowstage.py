@@ -1,5 +1,4 @@
-"""Below the stage: the profiled requests' traces op by op, for the notebooks and the report's
-panel (:func:`panel`, :func:`ab_panel`): docs/below-the-stage.md."""
+"""Below the stage: the profiled requests' traces op by op (docs/below-the-stage.md)."""
 
 from __future__ import annotations
 
@@ -19,20 +18,14 @@ from perfkit.report.tables import Table, format_table
 
 log = logging.getLogger(__name__)
 
-#: the diff's sides, in order (a -> b)
 DIFF_ROLES = ("profiled cold", "profiled warm")
-#: roles of a first request that the diff sets against the warm ones: the cold request
-#: (cold_warm, ab) or the first request of a shape the startup warmup did not cover
-#: (warmup_shapes)
+#: roles of a first request the diff sets against the warm ones
 _FIRST_ROLES = (DIFF_ROLES[0], "profiled first of new shape")
 
 
 @dataclass
 class BelowStage:
-    """What a bundle's profiled requests say: ``stage_top`` (role -> top ops per stage), ``diff``
-    (the first request, ``diff_from``, against the warm ones' medians), ``kernel_diff`` (over
-    device kernels; None on a CPU run) or ``kernel_note``, unreadable traces, and per role the
-    events and overhead."""
+    """What a bundle's profiled requests say (``kernel_diff``: None on a CPU run)."""
 
     traces: pd.DataFrame
     stage_top: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -48,8 +41,7 @@ class BelowStage:
 def below_stage(
     bundle: ResultBundle, top: int = 5, roles: tuple[str, ...] | None = None
 ) -> BelowStage | None:
-    """The profiled requests of ``bundle`` (of ``roles`` when given) op by op; None when it
-    profiled nothing."""
+    """The profiled requests of ``bundle`` op by op; None when it profiled nothing."""
     t = bundle.table("traces")
     if t.empty:
         return None
@@ -90,7 +82,7 @@ def below_stage(
 
 
 def _op_diffs(a: Any, b: Any, sides: dict[str, list[pd.DataFrame]]) -> tuple[Any, Any, str | None]:
-    """(op diff, kernel diff when every trace of ``sides`` has device kernels, else why not or None)."""
+    """(op diff, kernel diff when every trace of ``sides`` has device kernels, else why not)."""
     with_k = [k for k, evs in sides.items() if evs and all((e["cat"] == "kernel").any() for e in evs)]
     if len(with_k) == len(sides):
         return tr.op_diff(a, b), tr.op_diff(a, b, kernels=True), None
@@ -104,13 +96,12 @@ def _op_diffs(a: Any, b: Any, sides: dict[str, list[pd.DataFrame]]) -> tuple[Any
 
 
 def warm_events(events: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
-    """The events of the profiled warm requests (``profiled warm``, ``profiled warm 2``, ...)."""
+    """The events of the profiled warm requests."""
     return [ev for role, ev in events.items() if role.startswith(DIFF_ROLES[1])]
 
 
 def timeline(events: pd.DataFrame, who: str) -> dict[str, str]:
-    """One denoising step of ``events`` as an embeddable figure: ``{"png": base64, "alt": …,
-    "who": who}`` (:func:`perfkit.report.plots.step_timeline`)."""
+    """One denoising step of ``events`` as ``{"png": base64, "alt": …, "who": who}``."""
     fig = step_timeline(events, title=None)
     title = fig.axes[0].get_title()
     fig.axes[0].set_title(f"{title}, {who}")
@@ -129,9 +120,7 @@ _WHY_ONE_MORE = (
 
 
 def steps_text(asked: Any, recorded: Any, mode: Any) -> str | None:
-    """What the steps column says: the count recorded, and why when it is not the count asked
-    (:data:`_WHY_ONE_MORE`; fewer: the request ran out of steps); full_stages: every step, no
-    step ranges. None when nothing is known."""
+    """The count recorded, and why when it is not the count asked; None when not known."""
     if pd.isna(recorded):
         return None
     r = int(recorded)
@@ -146,9 +135,7 @@ def steps_text(asked: Any, recorded: Any, mode: Any) -> str | None:
 
 
 def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
-    """The traces table for display: role, mode, steps asked and recorded (with why N+1 were
-    recorded, :func:`steps_text`), size (MiB), file (path from the page: ``link_prefix`` + the
-    bundle's relative path), note."""
+    """The traces table for display (size in MiB, file: ``link_prefix`` + the bundle's path)."""
     t = bs.traces
     asked = t["steps_asked"]
     return pd.DataFrame(
@@ -166,9 +153,7 @@ def trace_list(bs: BelowStage, link_prefix: str = "") -> pd.DataFrame:
 
 
 def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold", second: str = "warm") -> pd.DataFrame:
-    """The ``n`` ops of an :func:`~perfkit.readings.traces.op_diff` whose time changed most, for
-    display: calls and ms of side ``first`` (``cold``, ``first`` of a new shape, ``a``) and of
-    ``second`` (medians over the profiled warm requests), change (ms) and share."""
+    """The ``n`` ops of an op diff whose time changed most: calls, ms, change (ms) and share."""
     d = diff.head(n)
     return pd.DataFrame(
         {
@@ -184,18 +169,15 @@ def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold", second: str 
 
 
 def first_word(bs: BelowStage) -> str:
-    """``cold`` or ``first`` (of a new shape): what the diff's first side is called."""
     return "cold" if bs.diff_from in (None, DIFF_ROLES[0]) else "first"
 
 
 def diff_title(bs: BelowStage) -> str:
-    """The diff's caption: which request against which."""
     return f"{bs.diff_from or DIFF_ROLES[0]} → profiled warm (each op's median over the warm ones)"
 
 
 def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
-    """(role, :func:`~perfkit.readings.traces.overhead_frame`) for the profiled first request
-    and the first warm one (the ones whose top ops are shown)."""
+    """(role, overhead frame) for the profiled first request and the first warm one."""
     return [
         (role, tr.overhead_frame(t))
         for role, t in bs.overhead.items()
@@ -203,16 +185,15 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
     ]
 
 
-def panel(bundle_dir: str | Path, link_prefix: str = "") -> dict[str, Any] | None:
-    """The report's "below the stage" panel of one bundle directory (None when it profiled
-    nothing). Never raises: an unreadable bundle gives an ``errors`` entry."""
-    d = Path(bundle_dir)
-    if not (d / "meta.json").exists():
-        return None
+def panel(bundle: ResultBundle | Exception | None, link_prefix: str = "") -> dict[str, Any] | None:
+    """The report's "below the stage" panel of a bundle or its load error; None when none or
+    nothing profiled. Never raises."""
+    if bundle is None or isinstance(bundle, Exception):
+        return bundle and _panel(pd.DataFrame(), errors=[repr(bundle)])
     try:
-        bs = below_stage(ResultBundle.load(d))
+        bs = below_stage(bundle)
     except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
-        log.warning("report: below the stage of %s: %r", d, exc)
+        log.warning("report: below the stage of %s: %r", bundle.path, exc)
         return _panel(pd.DataFrame(), errors=[repr(exc)])
     if bs is None:
         return None
@@ -236,7 +217,6 @@ def _shown(d: pd.DataFrame | None, first: str, second: str = "warm") -> Table | 
 
 
 def _panel(tl: pd.DataFrame, **fields: Any) -> dict[str, Any]:
-    """A panel: the traces table ``tl`` (None when empty), its files, then ``fields``."""
     return {
         "traces": format_table(tl) if not tl.empty else None,
         "files": [f for f in (tl["file"] if not tl.empty else []) if isinstance(f, str)],
@@ -247,8 +227,7 @@ def _panel(tl: pd.DataFrame, **fields: Any) -> dict[str, Any]:
 def ab_panel(
     path_a: str | Path | None, path_b: str | Path | None, page_dir: str | Path
 ) -> dict[str, Any] | None:
-    """The A/B page's panel: the ops that changed most from side A's profiled warm requests to
-    B's, per stage too (``stage_diffs``). None when neither side profiled. Never raises."""
+    """The A/B page's panel: ops that changed most from A's warm requests to B's; None; never raises."""
     sides: dict[str, BelowStage] = {}
     events: dict[str, pd.DataFrame] = {}
     errors: list[str] = []
@@ -281,8 +260,7 @@ def ab_panel(
             events["A"], events["B"], {f"side {k}'s profiled warm traces": events[k] for k in "AB"}
         )
         diff, kernel_diff = _shown(diff, "a", "b"), _shown(kernel_diff, "a", "b")
-        # per stage: a stage-level verdict (DenoisingStage +2 %) comes with the ops of that stage,
-        # not drowned by another stage's launch-to-launch noise
+        # per stage: not drowned by another stage's launch-to-launch noise
         ran = (x for side in "AB" for e in events[side] for x in e["stage"].dropna() if isinstance(x, str))
         for st in dict.fromkeys(ran):
             d = tr.op_diff(

@@ -1,6 +1,4 @@
-"""``perfkit figures`` blocks: Markdown in READMEs generated from bundles and kept true by
-``--check`` (:func:`update_file`, :func:`same_figures`). Kinds and statistics: docs/suite.md.
-"""
+"""``perfkit figures`` blocks: Markdown generated from bundles, kept true by ``--check`` (docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -24,12 +22,10 @@ from perfkit.report.ab import power_markdown, sequential_markdown
 from perfkit.report.runinfo import run_results
 from perfkit.report.tables import markdown_table
 
-#: the block kinds of this module (``commands``: rendered by the caller of :func:`update_file`;
-#: :func:`kinds` adds the investigations')
+#: ``commands``: rendered by the caller of :func:`update_file`
 KINDS = tuple(
     "key-numbers full compare ab-power ab-sequential history-nightly history-replay timings sglang-tier commands".split()
 )
-#: ``kind=timings``: the file under ``src`` that records wall times
 _TIMINGS_FILE = "timings.json"
 #: the statistics behind every generated figure, stated under each block
 _STATS_NOTE = (
@@ -42,7 +38,7 @@ _BLOCK = re.compile(
 )
 _ARG = re.compile(r"(\w+)=(\S+)")
 _ATTRS = ("src", "kind", "vs", "threshold", "confidence")
-#: the attributes each kind reads beyond src and kind (any other is refused, never ignored)
+#: the attributes each kind reads beyond src and kind (any other is refused)
 _KIND_ATTRS = {
     "compare": ("vs",),
     "ab-power": ("threshold", "confidence"),
@@ -56,7 +52,6 @@ def kinds() -> tuple[str, ...]:
 
 
 def _session() -> str:
-    """The investigation whose bundle is the session ``kind=compare`` compares."""
     name = registry.session_name()
     if name is None:
         raise FiguresError("compare: no registered investigation declares session=True")
@@ -69,8 +64,7 @@ class FiguresError(ValueError):
 
 @dataclass(frozen=True)
 class Block:
-    """One marked block: ``src`` (relative to the root), ``kind``, ``vs`` (``compare``) and
-    ``threshold``, ``confidence`` (fractions, ``ab-*``)."""
+    """One marked block (``src`` relative to the root; ``threshold``, ``confidence``: fractions)."""
 
     src: str
     kind: str
@@ -80,8 +74,7 @@ class Block:
 
 
 def blocks(text: str, where: str = "<text>") -> list[Block]:
-    """The marked blocks of a document, in order.
-    Raises FiguresError: a block without ``src`` or with an unknown ``kind`` (names ``where``)."""
+    """The marked blocks of a document. Raises FiguresError: a bad block (names ``where``)."""
     opens = len(re.findall(r"<!-- perfkit:figures\b", text))
     ends = text.count("<!-- perfkit:end -->")
     found = list(_BLOCK.finditer(text))
@@ -94,14 +87,12 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
     out = []
     for m in found:
         pairs = _ARG.findall(m.group("args"))
-        twice = sorted({k for k, _ in pairs if [x for x, _ in pairs].count(k) > 1})
-        if twice:
+        if twice := sorted({k for k, _ in pairs if [x for x, _ in pairs].count(k) > 1}):
             raise FiguresError(
                 f"{where}: figures attribute(s) {', '.join(twice)} given twice: {m.group('open').strip()}"
             )
         args = dict(pairs)
-        unknown = sorted(set(args) - set(_ATTRS))
-        if unknown:
+        if unknown := sorted(set(args) - set(_ATTRS)):
             raise FiguresError(
                 f"{where}: unknown figures attribute(s) {', '.join(unknown)} (known: {', '.join(_ATTRS)})"
             )
@@ -110,8 +101,7 @@ def blocks(text: str, where: str = "<text>") -> list[Block]:
         kind = args.get("kind", "full")
         if kind not in kinds():
             raise FiguresError(f"{where}: figures block kind={kind!r}; known: {', '.join(kinds())}")
-        ignored = sorted(set(args) - {"src", "kind"} - set(_KIND_ATTRS.get(kind, ())))
-        if ignored:
+        if ignored := sorted(set(args) - {"src", "kind"} - set(_KIND_ATTRS.get(kind, ()))):
             raise FiguresError(
                 f"{where}: kind={kind} takes no {', '.join(ignored)} "
                 f"(it takes: src, kind{''.join(', ' + a for a in _KIND_ATTRS.get(kind, ()))}): {m.group('open').strip()}"
@@ -143,8 +133,7 @@ def _unreadable(p: Path, exc: Exception) -> None:
 
 
 def render_block(block: Block, root: Path) -> str:
-    """The Markdown of one block from the bundles under ``root / block.src``.
-    Raises FiguresError: the directory holds no investigation results."""
+    """The Markdown of one block. Raises FiguresError: ``src`` holds no investigation results."""
     src = root / block.src
     if block.kind == "compare":
         return _compare(block, root)
@@ -180,9 +169,7 @@ def render_block(block: Block, root: Path) -> str:
 
 
 def _history_nightly(block: Block, root: Path) -> str:
-    """``kind=history-nightly`` / ``history-replay``: sglang's nightly files under ``src`` (H100):
-    change points and outliers beside sglang's 5 %-over-last-3 alarms, or the runs replayed
-    through ``history check`` (:func:`perfkit.history.check.replay`)."""
+    """sglang's nightly files under ``src`` (H100): change points and outliers, or replayed."""
     from perfkit.history import changepoints as cp
     from perfkit.history.check import changes_markdown, replay, replay_markdown
     from perfkit.history.runs import read_nightly
@@ -204,8 +191,7 @@ def _history_nightly(block: Block, root: Path) -> str:
 
 
 class Timing(BaseModel):
-    """One recorded wall time of ``timings.json``: ``wall_s`` in seconds, ``date`` ISO, ``source``
-    how it was measured."""
+    """One recorded wall time of ``timings.json`` (``date`` ISO, ``source``: how it was measured)."""
 
     model_config = ConfigDict(extra="forbid")
     what: str
@@ -216,8 +202,6 @@ class Timing(BaseModel):
 
 
 class _Timings(BaseModel):
-    """``timings.json``: ``{"timings": [Timing, ...]}``."""
-
     model_config = ConfigDict(extra="forbid")
     timings: list[Timing] = Field(min_length=1)
 
@@ -229,7 +213,7 @@ def _duration(s: float) -> str:
 
 
 def _timings_markdown(path: Path, label: str) -> str:
-    """``kind=timings``; raises FiguresError: the file is missing or not :class:`_Timings` (naming the key)."""
+    """Raises FiguresError: the file is missing or not :class:`_Timings` (naming the key)."""
     try:
         doc = _Timings.model_validate_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -250,14 +234,13 @@ def _timings_markdown(path: Path, label: str) -> str:
     )
 
 
-#: what ``make test-sglang`` writes (``outputs/sglang-tier/verdicts.json``), committed as a copy
+#: what ``make test-sglang`` writes, committed as a copy
 _TIER_FILE = "verdicts.json"
 
 
 def tier_markdown(path: Path, label: str) -> str:
-    """``kind=sglang-tier``: one row per run of ``verdicts.json`` (``_meta`` {date, sglang, machine,
-    commit}; per run ``verdict``, ``exit_code``, ``wall_s`` (s), ``checks`` {metric: status}).
-    Raises FiguresError: the file is missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
+    """``kind=sglang-tier``: one row per run of ``verdicts.json``. Raises FiguresError: the file is
+    missing or not JSON, ``_meta`` lacks a key, a run lacks ``wall_s``."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         meta = doc["_meta"]
@@ -296,21 +279,18 @@ def tier_markdown(path: Path, label: str) -> str:
 
 
 def _with_footer(parts: list[str], source: str) -> str:
-    """``parts`` and the footer naming ``source`` and the statistics."""
     parts = [*parts, "", f"*Generated by `perfkit figures` from {source}. {_STATS_NOTE}*", ""]
     return "\n".join(parts).replace("\n\n\n", "\n\n")
 
 
 def _full_section(name: str, r: dict) -> list[str]:
-    """One investigation's ``full`` figures: title, key numbers, summary table, reading."""
     s = registry.get(name)
     keys = pd.DataFrame([(k.label, k.text) for k in s.key_numbers(r)], columns=["what", "value"])
     parts = [f"#### {s.title}", "", markdown_table(keys), ""]
     table = s.summary_table(r)
     if table is not None and not table.empty:
         parts += [markdown_table(table), ""]
-    reading = (s.reading(r) or "").strip()
-    if reading:
+    if reading := (s.reading(r) or "").strip():
         parts += [reading, ""]
     return parts
 
@@ -344,8 +324,7 @@ def _combined(block: Block, root: Path) -> str:
 
 
 def update_text(text: str, root: Path, where: str = "<text>", commands: Callable | None = None) -> str:
-    """``text`` with every marked block regenerated (see :func:`render_block`; ``kind=commands``
-    by ``commands(block, root)``)."""
+    """``text`` with every marked block regenerated (``kind=commands`` by ``commands(block, root)``)."""
     found = iter(blocks(text, where))  # validated first: a bad block fails before anything is rendered
 
     def sub(m: re.Match) -> str:
@@ -359,17 +338,14 @@ def update_text(text: str, root: Path, where: str = "<text>", commands: Callable
     return _BLOCK.sub(sub, text)
 
 
-#: the largest Markdown file :func:`update_file` reads (bytes)
 MAX_DOC_BYTES = 8 * 2**20
 
 
 def update_file(
     path: str | Path, root: str | Path, check: bool = False, commands: Callable | None = None
 ) -> bool:
-    """Regenerate the blocks of ``path`` (replaced whole; left as it is with ``check``; ``commands``:
-    as :func:`update_text`'s); returns whether its text changed.
-    Raises FiguresError: a bad block, a ``src`` without results, a file over :data:`MAX_DOC_BYTES`;
-    OSError: unreadable file."""
+    """Regenerate the blocks of ``path`` (untouched with ``check``); whether its text changed. Raises
+    FiguresError: a bad block, no results, over :data:`MAX_DOC_BYTES`; OSError: unreadable file."""
     p = Path(path)
     if p.stat().st_size > MAX_DOC_BYTES:
         raise FiguresError(
@@ -391,8 +367,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")
 
 
 def same_figures(old: str, new: str) -> bool:
-    """Whether two renderings say the same: the same text between numbers, each number within one
-    unit of its last shown digit (``954`` and ``955``; docs/suite.md says why)."""
+    """Whether two renderings say the same, each number within one unit of its last digit."""
     if _NUMBER.sub("#", old) != _NUMBER.sub("#", new):
         return False
     for a, b in zip(_NUMBER.finditer(old), _NUMBER.finditer(new)):

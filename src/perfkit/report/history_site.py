@@ -1,7 +1,4 @@
-"""The history pages: the offline site (``perfkit history site OUT/``: ``index.html`` and one page
-per hardware, docs/history.md) and the reports of ``perfkit bisect`` and ``perfkit history
-confirm`` (``summary.md``, ``report.html``) from the plain dict of ``bisect.json`` /
-``confirm.json``: this layer does not import the one that runs them."""
+"""The history site (``perfkit history site``, docs/history.md) and the bisect and confirm reports."""
 
 from __future__ import annotations
 
@@ -22,6 +19,7 @@ from perfkit.common.slugs import md_text
 from perfkit.history import changepoints as cp
 from perfkit.history.check import judge
 from perfkit.history.store import HistoryError, read_confirmations, read_store
+from perfkit.report.ab import design_text
 from perfkit.report.plots import alt_text, figure_to_png_bytes
 from perfkit.report.render import template_env, write_tool_outputs
 from perfkit.report.tables import format_table, markdown_table
@@ -42,8 +40,7 @@ def _commit_link(commit: str, template: str | None) -> dict[str, str | None]:
 
 
 def trend_figure(a: cp.Analysis) -> Figure:
-    """The trend of one series: values, each level's mean, steps (dashed), outliers (red crosses),
-    gaps (grey ticks). x: run time (UTC); y: the metric in its unit."""
+    """The trend of one series over run time (UTC): values, level means, steps, outliers, gaps."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 2.8), dpi=80)  # pyplot-free: no global backend, nothing to close
@@ -93,7 +90,6 @@ def _latest(a: cp.Analysis, settings: cp.Settings) -> dict[str, Any]:
 
 
 def _confirmed(row: Mapping[str, Any] | None) -> str:
-    """A step's latest confirmation (``perfkit history confirm``) in words, or "–"."""
     if row is None:
         return "–"
     iv = f" [{change_text(row['low'])} to {change_text(row['high'])}]" if is_reported(row.get("low")) else ""
@@ -107,8 +103,7 @@ def series_context(
     settings: cp.Settings,
     confirmations: Mapping[tuple[str, ...], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What the template shows for one series. ``confirmations``: (hardware, case, metric, commit
-    before, commit after) -> that step's latest confirmation row."""
+    """What the template shows for one series (``confirmations``: step key -> latest confirmation)."""
     fig = trend_figure(a)
     png = base64.b64encode(figure_to_png_bytes(fig, dpi=80)).decode("ascii")
     alt = alt_text(fig)
@@ -166,8 +161,7 @@ def write_site(
     commit_url: str | None = None,
     settings: cp.Settings = cp.Settings(),
 ) -> list[Path]:
-    """Write the site of ``store`` to ``out``; returns the pages, index first. Raises
-    HistoryError: the store has no runs, or a bad store file."""
+    """Write the site of ``store`` to ``out``; the pages, index first. Raises HistoryError."""
     frame = read_store(store)
     if frame.empty:
         raise HistoryError(f"{store}: the history store has no runs")
@@ -180,57 +174,40 @@ def write_site(
     # oldest first: the latest confirmation of a step wins
     confirmations = {tuple(r[k] for k in keys): r for r in conf.to_dict("records")}
     hw_pages = []
-    pages: list[Path] = []
     for hw in sorted(frame["hardware"].unique()):
         rows = frame[frame["hardware"] == hw]
         mine = [a for a in analyses if a.hardware == hw]
-        evs = [e for e in cp.events(mine) if len(e.members) > 1]
-        events = [
-            {
-                "before": _commit_link(e.before.commit, commit_url),
-                "after": _commit_link(e.after.commit, commit_url),
-                "time": f"{e.before.time:%Y-%m-%d %H:%M} .. {e.after.time:%Y-%m-%d %H:%M}",
-                "members": [
-                    {"series": f"{a.case_id} {a.metric}", "kind": s.kind, "change": change_text(s.ratio)}
-                    for a, s in e.members
-                ],
-            }
-            for e in evs
-        ]
         cases: dict[str, list[dict[str, Any]]] = {}
         for a in mine:
             cases.setdefault(a.case_id, []).append(series_context(a, commit_url, settings, confirmations))
         latest = rows.sort_values("time").iloc[-1]
         page = out / f"{_slug(hw)}.html"
+        info = {
+            "hardware": hw,
+            "href": page.name,
+            "runs": rows["run_key"].nunique(),
+            "steps": sum(len(a.steps) for a in mine),
+            "last": f"{rows['time'].max():%Y-%m-%d}",
+        }
         page.write_text(
             env.get_template("history/hardware.html.j2").render(
-                hardware=hw,
-                runs=rows["run_key"].nunique(),
+                **info,
                 first=f"{rows['time'].min():%Y-%m-%d}",
-                last=f"{rows['time'].max():%Y-%m-%d}",
                 latest_commit=_commit_link(str(latest["commit"]), commit_url),
                 sources=", ".join(sorted(rows["source"].unique())),
-                events=events,
+                events=[e for e in cp.events(mine) if len(e.members) > 1],
+                link=functools.partial(_commit_link, template=commit_url),
+                change_text=change_text,
                 cases=cases,
-                n_steps=(n_steps := sum(len(a.steps) for a in mine)),
+                n_steps=info["steps"],
                 n_outliers=sum(len(a.outliers) for a in mine),
                 settings=settings,
             )
         )
-        pages.append(page)
-        hw_pages.append(
-            {
-                "hardware": hw,
-                "href": page.name,
-                "runs": rows["run_key"].nunique(),
-                "cases": len(cases),
-                "steps": n_steps,
-                "last": f"{rows['time'].max():%Y-%m-%d}",
-            }
-        )
+        hw_pages.append({**info, "cases": len(cases)})
     index = out / "index.html"
     index.write_text(env.get_template("history/index.html.j2").render(pages=hw_pages, store=str(store)))
-    return [index, *pages]
+    return [index, *(out / p["href"] for p in hw_pages)]
 
 
 _REPORT_FILE = "report.html"
@@ -241,7 +218,6 @@ def _commit(c: Mapping[str, Any] | None) -> str:
 
 
 def _probes_frame(d: Mapping[str, Any]) -> pd.DataFrame:
-    """One row a probe, in the order they ran."""
     rows = []
     for i, p in enumerate(d.get("probes") or [], 1):
         c = p.get("commit") or {}
@@ -272,12 +248,9 @@ def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
     c = functools.partial(md_text, code=True) if md else str  # a name, in code font
     t = md_text if md else str  # words from outside
     s = d.get("setup") or {}
-    des = s.get("design") or {}
     how = (
         f"metric {t(s.get('metric'))}, threshold ±{float(s.get('threshold', 0.05)) * 100:.1f} %, "
-        f"{des.get('min_launches')}–{des.get('max_launches')} launches a side a probe"
-        f"{', paired' if des.get('paired') else ''} ({des.get('spending')} alpha spending, {float(des.get('confidence', 0.95)) * 100:.0f} % over the looks), "
-        f"{s.get('warm')} warm requests a launch"
+        f"{design_text(s.get('design') or {}, probe=True)}, {s.get('warm')} warm requests a launch"
     )
     build = (f"build: {c(s['build'])}" if s.get("build") else "no build command") + (
         f"; Python overlay: {c(s['python_path'])} on PYTHONPATH" if s.get("python_path") is not None else ""
@@ -317,7 +290,6 @@ def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
 
 
 def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
-    """``summary.md``: the outcome with its exit code, the facts and the probes table."""
     name = "perfkit history confirm" if d.get("kind") == "confirm" else "perfkit bisect"
     lines = [
         f"## {name}: {str(d.get('outcome')).upper()} (exit code {d.get('exit_code')})",
@@ -333,8 +305,7 @@ def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
 
 
 def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
-    """``summary.md`` and ``report.html`` under ``out`` (as
-    :func:`~perfkit.report.render.write_tool_outputs`); returns name -> path."""
+    """``summary.md`` and ``report.html`` under ``out``: name -> path."""
     out = Path(out)
     confirm = d.get("kind") == "confirm"
     s = d.get("setup") or {}
@@ -349,15 +320,9 @@ def write_bisect_outputs(d: Mapping[str, Any], out: str | Path) -> dict[str, Pat
             )
     section = dict(
         verdict=outcome,
-        heading="Does the step reproduce?" if confirm else "Which commit?",
-        question=(
-            "The A/B between the commits on either side of the history's change point, on the series' metric."
-            if confirm
-            else "A binary search between the good and the bad commit, an A/B against the good commit at each probe."
-        ),
+        confirm=confirm,
         message=str(d.get("message") or ""),
         facts=_facts(d, md=False),
-        reference="the commit before the step" if confirm else "the good commit",
         metric=s.get("metric"),
         threshold=f"{float(s.get('threshold', 0.05)) * 100:.1f} %",
         probes=format_table(_probes_frame(d)),

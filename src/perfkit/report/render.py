@@ -1,7 +1,5 @@
-"""The run's HTML page (:func:`render_report`; a notebook's section: :func:`section_context`,
-:func:`notebook_body`; network references found, :func:`external_refs`, and made inert; its PNG,
-:func:`screenshot`) and ``summary.md`` (:func:`write_summary`: the verdict as Markdown for a PR
-comment or ``$GITHUB_STEP_SUMMARY``), and the notebook display helpers. Rules: docs/suite.md."""
+"""The run's offline HTML page (:func:`render_report`, :func:`screenshot`), ``summary.md``
+(:func:`write_summary`) and the notebook display helpers. Rules: docs/suite.md."""
 
 from __future__ import annotations
 
@@ -47,24 +45,19 @@ _LINK_EXT = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.
 
 
 def external_refs(text: str) -> list[str]:
-    """Snippets of ``text`` that would make a browser fetch something from the network
-    (``src=``/``href=``/``action=``/``poster=``/``data=`` to ``//`` or ``http(s)://``, CSS
-    ``url(//…)`` and ``@import``). Empty when the page is self-contained."""
+    """Snippets of ``text`` that would make a browser fetch from the network; empty when none."""
     return [text[max(0, m.start() - 40) : m.end() + 60] for m in _EXTERNAL.finditer(text)]
 
 
-#: the page template; it includes ``report.css`` inline and renders each section's HTML
 PAGE_TEMPLATE = "page.html.j2"
-#: the gate notebook's section template (investigation sections come from the registry)
 GATE_TEMPLATE = f"sections/{GATE}.html.j2"
-#: the section of a notebook that is neither registered nor the gate (a run of an older perfkit)
+#: a notebook neither registered nor the gate (a run of an older perfkit)
 FALLBACK_SECTION_TEMPLATE = "sections/_base.html.j2"
 
 
 @functools.lru_cache(maxsize=1)
 def template_env() -> jinja2.Environment:
-    """The report's jinja2 environment (``templates/``, autoescaped, filter ``status_class``).
-    Raises ValueError: the templates directory is not installed."""
+    """The report's jinja2 environment (``templates/``, autoescaped). Raises ValueError: not installed."""
     import jinja2  # here, not at the top: a notebook kernel renders no HTML
 
     env = jinja2.Environment(
@@ -76,9 +69,7 @@ def template_env() -> jinja2.Environment:
 
 
 def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
-    """HTML of an executed notebook (nbconvert's ``basic``, offline): code hidden, stderr
-    dropped, a first Markdown cell ``# <drop_heading>`` left out.
-    Raises OSError, nbformat.ValidationError, ValueError: when the notebook cannot be read."""
+    """Notebook HTML, code and stderr hidden. Raises OSError, nbformat.ValidationError, ValueError."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -87,8 +78,7 @@ def notebook_body(nb_path: str | Path, drop_heading: str | None = None) -> str:
         first = (nb.cells[0].source.strip().splitlines() or [""])[0].strip()
         if first == f"# {drop_heading}":
             nb.cells = nb.cells[1:]
-    # progress bars and log lines on stderr are for the person at the terminal, not the report
-    # (the executed notebook keeps them); errors (tracebacks) stay
+    # stderr (progress bars, log lines) is for the terminal; tracebacks stay
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = [
@@ -119,26 +109,19 @@ def section_template(name: str) -> str:
         return FALLBACK_SECTION_TEMPLATE
 
 
-def section_context(
-    run_dir: str | Path, n: Mapping[str, Any], reads: Mapping | None = None
-) -> dict[str, Any]:
-    """What a section template gets for notebook entry ``n`` of ``run.json`` (the keys below;
-    ``reads``: the run's ``results`` and ``keys``, as :func:`_reads`, read when not given).
-    Never raises on a broken notebook or results file: logged and shown in the section."""
-    run_dir = Path(run_dir)
+def section_context(run_dir: Path, n: Mapping[str, Any], reads: Mapping[str, Any]) -> dict[str, Any]:
+    """What a section template gets for notebook entry ``n`` (``reads``: :func:`_reads`); never raises."""
     name = str(n["name"])
     status = str(n.get("status") or "")
-    try:
-        title, question = ri.section_title(name), ri.section_question(name)
-        intro = registry.get(name).section_intro if name != GATE else ""
-    except KeyError:
-        title, question, intro = name, "", ""
-    reads = _reads(run_dir) if reads is None else reads
+    title, question, intro = ri.section_head(name)
     keys = reads["keys"].get(name, [])
     verdict = {k: v for k, v in (read_verdict(run_dir / name) or {}).items() if k != "rows"}
-    rc = root_cause(run_dir, name, reads["results"]) if name != GATE and status != "skipped" else None
-    # the bundle sits at RUN/<name>/, beside the page: trace links are relative to the page
-    below = below_stage_panel(run_dir / name, link_prefix=f"{name}/") if name != GATE else None
+    d = run_dir / name
+    b = reads["bundles"].get(d)
+    if b is None and name != GATE:  # not a registered investigation
+        b = ri.load_bundles([d]).get(d)
+    rc = root_cause(b, name, reads["results"]) if name != GATE and status != "skipped" else None
+    below = below_stage_panel(b, link_prefix=f"{name}/") if name != GATE else None
     nbp = run_dir / (n.get("output") or f"notebooks/{name}.ipynb")  # relative to the run, or absolute
     nbp = nbp if nbp.exists() else run_dir / "notebooks" / f"{name}.ipynb"
     body, body_error = None, None
@@ -173,9 +156,8 @@ def section_context(
 
 
 def render_section(run_dir: str | Path, n: Mapping[str, Any], reads: Mapping | None = None) -> str:
-    """The HTML of one notebook's section (``reads``: as :func:`section_context`'s).
-    Raises jinja2.TemplateNotFound: a missing template."""
-    ctx = section_context(run_dir, n, reads)
+    """The HTML of one notebook's section. Raises jinja2.TemplateNotFound: a missing template."""
+    ctx = section_context(Path(run_dir), n, reads or _reads(Path(run_dir)))
     return template_env().get_template(section_template(ctx["name"])).render(**ctx)
 
 
@@ -192,8 +174,7 @@ def chromium_binary() -> str | None:
 
 
 def screenshot(html_path: str | Path, png_path: str | Path) -> Path:
-    """Save a PNG of the page (a 1280x2400 window) with headless Chromium, waiting at most 90 s.
-    Raises RuntimeError when it cannot."""
+    """Save a 1280x2400 PNG of the page with headless Chromium (at most 90 s). Raises RuntimeError."""
     exe = chromium_binary()
     if exe is None:
         raise RuntimeError("chromium not found")
@@ -214,8 +195,7 @@ def screenshot(html_path: str | Path, png_path: str | Path) -> Path:
 
 
 def show(fig: Any, dpi: int = 100, alt: str | None = None) -> None:
-    """Display a matplotlib Figure in a notebook as a PNG with alt text (:func:`perfkit.report.plots.alt_text`);
-    no pyplot needed, and the report embeds it as a ``data:`` URI."""
+    """Display a Figure in a notebook as a PNG with alt text (the report embeds it as ``data:``)."""
     from IPython.display import Image, display
 
     display(Image(data=figure_to_png_bytes(fig, dpi=dpi), format="png", alt=alt or alt_text(fig)))
@@ -232,13 +212,12 @@ def summary_frame(investigation: str, results: Mapping[str, Any]) -> pd.DataFram
 
 
 def _gate_table(verdicts: pd.DataFrame, statuses: tuple[str, ...] | None = None) -> Table:
-    """The gate rows (failures first) as a table, of ``statuses`` only when given."""
     v = ri.gate_view(verdicts)[ri.GATE_COLUMNS]
     return format_table(v if statuses is None else v[v["status"].isin(statuses)])
 
 
 def _gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """``[{"status", "n", "text": "60 passed"}]`` per gate status present, failures first."""
+    """``[{"status", "n", "text": "60 passed"}]``, failures first."""
     if verdicts.empty:
         return []
     words = {"fail": "failed", "pass": "passed", "inconclusive": "inconclusive (noise could flip)"}
@@ -248,17 +227,17 @@ def _gate_counts(verdicts: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _reads(run_dir: Path) -> dict[str, Any]:
-    """The run's results (:func:`~perfkit.report.runinfo.run_results`) and their key numbers."""
+    """The run's results (:func:`~perfkit.report.runinfo.run_results`), key numbers and bundles."""
     results = ri.run_results(run_dir)
-    return {"results": results, "keys": ri.key_numbers(results)}
+    bundles = ri.load_bundles(run_dir / s.name for s in registry.all_investigations())
+    return {"results": results, "keys": ri.key_numbers(results), "bundles": bundles}
 
 
 def _run_view(run_dir: Path) -> dict[str, Any]:
-    """What the page and summary.md both show, read once."""
     info, verdicts, code, word = ri.run_status(run_dir)
     reads = _reads(run_dir)
     rows = [(k.label, k.text) for v in reads["keys"].values() if not isinstance(v, str) for k in v]
-    env, engine = _engine_facts(run_dir)
+    env, engine = _engine_facts(reads["bundles"])
     return {
         "info": info,
         "verdicts": verdicts,
@@ -270,14 +249,13 @@ def _run_view(run_dir: Path) -> dict[str, Any]:
         "engine": engine,
         "key_rows": pd.DataFrame(rows, columns=["what", "value"]) if rows else None,
         "units": ri.units_frame(info),
-        "ends": ri.engine_ends_frame(run_dir),
+        "ends": ri.engine_ends_frame(run_dir, reads["bundles"]),
         "warnings": ri.run_warnings(run_dir),
     }
 
 
 def page_context(run_dir: str | Path) -> dict[str, Any]:
-    """What ``page.html.j2`` gets for a run directory (the keys below; tables are
-    :class:`~perfkit.report.tables.Table` or None, sections :class:`markupsafe.Markup`)."""
+    """What ``page.html.j2`` gets for a run directory (tables: Table or None)."""
     run_dir = Path(run_dir)
     v = _run_view(run_dir)
     info, verdicts, nbs = v["info"], v["verdicts"], v["info"].get("notebooks", [])
@@ -294,6 +272,16 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     if info.get("replay"):
         meta.append({"text": "replayed from", "code": info["replay"]})
     toc = [{**i, "status_text": i["ran"]} for i in v["inv"]]
+    failed = []  # the toc entries that get a red box (docs/suite.md)
+    for t in toc:
+        if t["gate"] != "fail":
+            continue
+        if t["name"] == GATE and "notebook" in verdicts:
+            own = verdicts[verdicts["notebook"] == GATE]["status"]
+            if not (own == "fail").any():
+                continue
+            t = {**t, "gate_text": f"fail: {check_counts(own)} that no investigation holds"}
+        failed.append(t)
     rows = pd.DataFrame(ri.investigations_table(v["inv"], checks=True))
     return {
         "title": f"perfkit report: {info.get('name', run_dir.name)}",
@@ -302,7 +290,7 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
         "meta": meta,
         "environment": v["env"],
         "toc": toc,
-        "failed": _failed_boxes(toc, verdicts),
+        "failed": failed,
         "errors": [n for n in nbs if n.get("status") == "error"],
         "notebooks_table": format_table(rows, status_col="gate") if nbs else None,
         "units_table": None if v["units"] is None else format_table(v["units"]),
@@ -316,36 +304,19 @@ def page_context(run_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _failed_boxes(toc: list[dict[str, Any]], verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """The toc entries that get a red box (docs/suite.md)."""
-    out = []
-    for t in toc:
-        if t["gate"] != "fail":
-            continue
-        if t["name"] == GATE and "notebook" in verdicts:
-            own = verdicts[verdicts["notebook"] == GATE]["status"]
-            if not (own == "fail").any():
-                continue
-            t = {**t, "gate_text": f"fail: {check_counts(own)} that no investigation holds"}
-        out.append(t)
-    return out
-
-
 def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``) and return its path. Raises RuntimeError: the
-    page would load from the network; jinja2.TemplateError: a missing or broken template."""
+    """Write ``run_dir/report.html`` (or ``out``). Raises RuntimeError (it would load from the network),
+    jinja2.TemplateError."""
     run_dir = Path(run_dir)
     page = template_env().get_template(PAGE_TEMPLATE).render(**page_context(run_dir))
     page = _relative_paths(page, run_dir)
     bad = external_refs(page)
     if bad:  # e.g. an HTML output of a notebook pointing at the web: neutralise, keep offline
         log.warning("report: %d network reference(s) neutralised, e.g. %s", len(bad), bad[0])
-        # inert: src="https://x" -> data-offline-src="https://x", url(https://x) -> url(data:,https://x)
         page = _ATTR_EXT.sub(lambda m: f"data-offline-{m.group(1)}{m.group(2)}{m.group(3)}", page)
         page = _URL_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
         page = _IMPORT_EXT.sub(lambda m: f"{m.group(1)}data:,{m.group(2)}", page)
-        left = external_refs(page)
-        if left:
+        if left := external_refs(page):
             raise RuntimeError(f"report would load from the network: {left[:3]}")
     dst = Path(out) if out else run_dir / "report.html"
     dst.write_text(page, encoding="utf-8")
@@ -356,44 +327,26 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def write_tool_outputs(
     out: str | Path, md: str, template: str, context: Mapping[str, Any], what: str, **page: Any
 ) -> dict[str, Path]:
-    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and ``report.html`` (the
-    page with the one section ``template`` renders from ``context``; ``page``: its title, verdict,
-    exit_code, meta, warnings, gates) under ``out``: ``{"summary": path, "report": path}``.
-    Raises RuntimeError: the page would load from the network (names ``what``)."""
+    """``summary.md`` (``md``, also appended to ``$GITHUB_STEP_SUMMARY``) and a one-section
+    ``report.html`` under ``out``: name -> path. Raises RuntimeError: the page would load from the network."""
     section = template_env().get_template(template).render(**context)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md, encoding="utf-8")
-    gh = os.environ.get("GITHUB_STEP_SUMMARY")
-    if gh:
+    if gh := os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(gh, "a", encoding="utf-8") as fh:
             fh.write(md + "\n")
-    html = (
-        template_env()
-        .get_template(PAGE_TEMPLATE)
-        .render(
-            environment=None,
-            toc=[],
-            errors=[],
-            notebooks_table=None,
-            key_numbers=None,
-            sections=[markupsafe.Markup(section)],
-            **page,
-        )
-    )
-    bad = external_refs(html)
-    if bad:
+    html = template_env().get_template(PAGE_TEMPLATE).render(sections=[markupsafe.Markup(section)], **page)
+    if bad := external_refs(html):
         raise RuntimeError(f"{what} report would load from the network: {bad[:3]}")
     (out / "report.html").write_text(html, encoding="utf-8")
     return {"summary": out / "summary.md", "report": out / "report.html"}
 
 
-#: a table cell's text is wrapped (``<br>``) at about this many characters
 _WRAP_AT = 60
 
 
 def _wrap_cell(text: Any) -> str:
-    """``text`` broken at words every :data:`_WRAP_AT` characters, so it wraps in a GitHub table."""
     t = str(text if text is not None else "").strip()
     wrapped = textwrap.wrap(t, _WRAP_AT, break_long_words=True, break_on_hyphens=False)
     return t if len(t) <= _WRAP_AT else "\n".join(wrapped)
@@ -409,7 +362,6 @@ def _rows_table(df: pd.DataFrame, cols: list[str], n: int | None = None) -> tupl
 
 
 def _engine_versions_text(meta: Mapping[str, Any]) -> str:
-    """The first launch's engine versions, else perfkit's torch and diffusers, said as such."""
     ev = next(iter((meta.get("engine_versions") or {}).values()), None)
     if not ev or "error" in ev:
         why = f" ({ev['error']})" if ev else ""
@@ -420,18 +372,13 @@ def _engine_versions_text(meta: Mapping[str, Any]) -> str:
     return "engine: " + ", ".join(f"{p} {ev[p]}" for p in ("sglang", "torch", "diffusers") if ev.get(p))
 
 
-def _engine_facts(run_dir: Path) -> tuple[str, list[str]]:
-    """(the page's hardware and versions line, summary.md's Engine lines: the first launch's
-    versions and where its config and cold start parts were read from) from the run's bundles."""
+def _engine_facts(bundles: Mapping[Path, ResultBundle | Exception]) -> tuple[str, list[str]]:
+    """(the page's hardware and versions line, summary.md's Engine lines) from the run's bundles."""
     env = ""
-    for d in ri.bundle_dirs(run_dir):
-        try:
-            b = ResultBundle.load(d)
-            ln = b.table("launches")
-        except Exception as exc:  # noqa: BLE001 - the report is written in every case
-            log.warning("report: unreadable bundle %s: %r", d, exc)
+    for b in bundles.values():
+        if isinstance(b, Exception):
             continue
-        m = b.meta
+        m, ln = b.meta, b.launches
         if not env:
             bits = [m.get("gpu_name") or f"CPU x{m.get('cpu_count')}", _engine_versions_text(m)]
             bits.append(f"perfkit {m.get('perfkit_version')} (torch {m.get('torch_version')})")
@@ -452,38 +399,22 @@ def _engine_facts(run_dir: Path) -> tuple[str, list[str]]:
 
 
 def _middle_blocks(v: Mapping[str, Any]) -> list[str]:
-    """The summary's blocks between the failed and the passing gate rows (``v``: the run view)."""
     info, keys, units, ends = v["info"], v["key_rows"], v["units"], v["ends"]
     nbs = info.get("notebooks", [])
     inv = [{**r, "note": _wrap_cell(clip(r["note"]))} for r in ri.investigations_table(v["inv"])]
+    errors = [n for n in nbs if n.get("status") == "error"]
+    keys_note = (
+        "Informational: what was measured. The gate rows decide the verdict; a key number is not a check."
+    )
     blocks = [
-        (
-            "Errors",
-            [
-                f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}"
-                for n in nbs
-                if n.get("status") == "error"
-            ],
-        ),
+        ("Errors", [f"- **{md_text(n['name'])}**: {md_text(clip(n.get('error'), 400))}" for n in errors]),
         ("Investigations", [markdown_table(pd.DataFrame(inv))] if inv else []),
-        (
-            "Key numbers",
-            [
-                "Informational: what was measured. The gate rows decide the verdict; a key number is not a check.",
-                "",
-                markdown_table(keys),
-            ]
-            if keys is not None
-            else [],
-        ),
+        ("Key numbers", [keys_note, "", markdown_table(keys)] if keys is not None else []),
         ("Engine", v["engine"]),
         ("Units of work", [markdown_table(units)] if units is not None else []),
         ("Merge notes", [f"- {md_text(n)}" for n in (info.get("scaleout") or {}).get("notes") or []]),
         ("How the engines ended", [markdown_table(ends)] if ends is not None else []),
-        (
-            "Warnings",
-            [f"- {md_text(w)}" for w in v["warnings"]],
-        ),
+        ("Warnings", [f"- {md_text(w)}" for w in v["warnings"]]),
     ]
     return [line for title, lines in blocks if lines for line in ("", f"### {title}", "", *lines)]
 
@@ -493,8 +424,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
-    """The run's verdict as Markdown, the passing rows in a collapsed ``<details>``, within
-    ``limit`` characters: passing rows, then failed rows, left out from the end, whole rows only."""
+    """The run's verdict as Markdown within ``limit`` characters (docs/suite.md)."""
     run_dir = Path(run_dir)
     v = _run_view(run_dir)
     info, verdicts, code, word = v["info"], v["verdicts"], v["code"], v["word"]
@@ -507,8 +437,7 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
         f"{check_counts(view['status'])}"
         + (" (inconclusive: over the limit within the run's noise)." if n_inc else "."),
     ]
-    why = nothing_measured_reason(verdicts)
-    if why:
+    if why := nothing_measured_reason(verdicts):
         head += ["", f"**Error: {md_text(why)}**"]
     if info.get("description"):
         head += ["", md_text(info["description"])]
@@ -573,7 +502,6 @@ def summary_markdown(run_dir: str | Path, limit: int = SUMMARY_LIMIT) -> str:
 
 
 def _relative_paths(text: str, run_dir: str | Path) -> str:
-    """``text`` with the run dir's, the checkout's and the working dir's absolute paths made relative."""
     roots: list[str] = []
     for r in (Path(run_dir), repo_root(), Path.cwd()):
         for form in {str(r), str(r.resolve())}:

@@ -1,12 +1,10 @@
-"""The root-cause panel of one investigation's bundle (:func:`root_cause`): what it shows is in
-docs/suite.md, "The report page"."""
+"""The root-cause panel of one investigation's bundle (:func:`root_cause`; docs/suite.md)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
@@ -23,8 +21,7 @@ from perfkit.roles import request_roles
 log = logging.getLogger(__name__)
 
 
-#: launches-table column -> row label of the effective config; the first block is always shown
-#: ("not reported" when the bundle lacks the column or it is empty), the second when present
+#: launches-table column -> config row label: always shown ("not reported" when empty)
 _CONFIG_COLUMNS: dict[str, str] = {
     "compile_requested": "torch.compile requested",
     "compile_active": "torch.compile active",
@@ -37,6 +34,7 @@ _CONFIG_COLUMNS: dict[str, str] = {
     "config_source": "config source",
     "first_result_s": "time to first result (s)",
 }
+#: shown when present
 _EXTRA_CONFIG = {
     "engine_device": "engine device",
     "cold_start_sources": "cold start parts from",
@@ -66,9 +64,7 @@ def _present(df: pd.DataFrame, col: str) -> bool:
 
 
 def not_reported(launches: pd.DataFrame | None) -> list[str]:
-    """Labels of the :data:`_CONFIG_COLUMNS` settings no launch reported (the bundle lacks the
-    column, or every launch left it empty); why compile was disabled is not missing when every
-    launch ran with compile active."""
+    """Labels of the :data:`_CONFIG_COLUMNS` settings no launch reported."""
     df = launches if launches is not None else pd.DataFrame()
     out = [label for col, label in _CONFIG_COLUMNS.items() if not _present(df, col)]
     if _present(df, "compile_active") and df["compile_active"].fillna(False).astype(bool).all():
@@ -77,9 +73,7 @@ def not_reported(launches: pd.DataFrame | None) -> list[str]:
 
 
 def engine_config(launches: pd.DataFrame) -> Table | None:
-    """The effective engine config per launch (rows: settings, columns: launches), or None
-    without launches: the :data:`_CONFIG_COLUMNS` some launch reported (empty reads
-    :data:`NOT_REPORTED`), then warmup, placement and caps when recorded."""
+    """The effective engine config, a column per launch; None without launches."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return None
     names = launch_names(launches)
@@ -99,9 +93,8 @@ def engine_config(launches: pd.DataFrame) -> Table | None:
     return Table(header=header, rows=rows)
 
 
-#: the compile phases the recompilations table shows: (label, torch ``dynamo_timed`` name). They
-#: nest: the kernel compile wait (inductor waiting for its worker processes to compile the
-#: Triton or C++ kernels) is inside AOT + inductor. Names from torch._dynamo.utils (torch 2.11-2.13).
+#: (label, torch ``dynamo_timed`` name; torch._dynamo.utils, torch 2.11-2.13); they nest: the
+#: kernel compile wait is inside AOT + inductor
 COMPILE_PHASES = (
     ("dynamo tracing", "bytecode_tracing"),
     ("AOT + inductor", "OutputGraph.call_user_compiler"),
@@ -111,9 +104,7 @@ COMPILE_PHASES = (
 
 
 def compile_phase_text(value: Any) -> str:
-    """``compile_phases`` (JSON object name -> ms) as "dynamo tracing 0.15 s · AOT + inductor 6.76 s"
-    (:data:`COMPILE_PHASES`); "not reported" when none; "unreadable: ..." for a value that is
-    not such an object or a time :func:`perfkit.readings.records.read_number` refuses."""
+    """``compile_phases`` (name -> ms) as "dynamo tracing 0.15 s · …"; else "not reported"/"unreadable"."""
     if not is_reported(value):
         return NOT_REPORTED
     try:
@@ -131,9 +122,7 @@ def compile_phase_text(value: Any) -> str:
 
 
 def recompilations(bundle: ResultBundle) -> Table | None:
-    """One row per request that compiled: compiles, compile time (s), the stage that paid and
-    its excess (s over the warm median, same launch and shape), reasons (each once). None when
-    none compiled."""
+    """One row per request that compiled (times in s); None when none did."""
     req = bundle.requests
     comp = req[(req["compiles"] > 0).fillna(False).to_numpy(bool)]
     if comp.empty:
@@ -172,7 +161,6 @@ def recompilations(bundle: ResultBundle) -> Table | None:
 
 
 def _compile_count_note(bundle: ResultBundle) -> str | None:
-    """Which requests report no compile count (sglang's records carry none); None when all do."""
     req = bundle.requests
     missing = int(req["compiles"].isna().sum())
     if not missing:
@@ -186,8 +174,7 @@ def _compile_count_note(bundle: ResultBundle) -> str | None:
 
 
 def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
-    """Warnings and errors in engine logs (``name -> text``), one row per message (numbers,
-    addresses, timestamps folded) with count and logs, most frequent first, at most ``limit``."""
+    """Warnings and errors in engine logs, a row per message, most frequent first."""
     found: dict[str, dict[str, Any]] = {}
     for name, text in (logs or {}).items():
         launch = re.sub(r"\.(stdout|stderr)\.log$", "", name)
@@ -213,8 +200,7 @@ def log_findings(logs: Mapping[str, str], limit: int = 20) -> Table | None:
 
 
 def budget_clamps(launches: pd.DataFrame) -> list[str]:
-    """Sentences for launches whose host cap in force is below the ask (``host_cap_clamp``)
-    or whose cap was exceeded; [] when none."""
+    """Sentences for launches whose host cap in force is below the ask, or was exceeded."""
     out: list[str] = []
     if launches is None or launches.empty:
         return out
@@ -231,47 +217,42 @@ def budget_clamps(launches: pd.DataFrame) -> list[str]:
     return out
 
 
-#: an absolute path as one word of a command line
 _ABS_WORD = re.compile(r"^/[^\s]*$")
 
 
 def _command_text(command: str, keep: int = 3) -> str:
-    """An engine command with each absolute path cut to its last ``keep`` parts."""
     return " ".join(
         "…/" + "/".join(w.rstrip("/").split("/")[-keep:]) if _ABS_WORD.match(w) and w.count("/") > keep else w
         for w in command.split(" ")
     )
 
 
-def _overhead_parts(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """``{part: {median_on_ms, median_off_ms, overhead_ci, ...}}`` at the top or in ``instrumentation``."""
-    parts: dict[str, Mapping[str, Any]] = {}
-    for src in (results, results.get("instrumentation") or {}):
-        if not isinstance(src, Mapping):
-            continue
-        for k, v in src.items():
-            if isinstance(v, Mapping) and "overhead_ci" in v and "median_off_ms" in v:
-                parts[str(k)] = v
-    return parts
-
-
 def _instrumentation_overhead(results: Mapping[str, Any], name: str) -> tuple[Table | None, str | None]:
-    """(table, title of the investigation it is from when not ``name``) of the instrumentation
-    overhead, ``name``'s results first; (None, None) when none measured it."""
+    """(table, title of the investigation it is from when not ``name``); (None, None) when none."""
     for inv, r in sorted(results.items(), key=lambda kv: kv[0] != name):
-        parts = _overhead_parts(r) if isinstance(r, Mapping) else None
+        srcs = (r, r.get("instrumentation") or {}) if isinstance(r, Mapping) else ()
+        parts = {  # {part: {median_on_ms, median_off_ms, overhead_ci, ...}}
+            str(k): v
+            for src in srcs
+            if isinstance(src, Mapping)
+            for k, v in src.items()
+            if isinstance(v, Mapping) and "overhead_ci" in v and "median_off_ms" in v
+        }
         if not parts:
             continue
         rows = []
         for part, s in parts.items():
             ci = list(s.get("overhead_ci") or [None, None]) + [None, None]
+            on, off = json_float(s.get("median_on_ms")), json_float(s.get("median_off_ms"))
             rows.append(
                 {
                     "part": part.replace("_", " "),
                     "pairs": s.get("n_on"),
                     "median on (ms)": s.get("median_on_ms"),
                     "median off (ms)": s.get("median_off_ms"),
-                    "median cost": _pct(_ratio(s.get("median_on_ms"), s.get("median_off_ms"))),
+                    "median cost": _pct(
+                        on / off - 1 if on is not None and off is not None and off > 0 else None
+                    ),
                     "95% interval": f"{_pct(ci[0])} … {_pct(ci[1])}" if ci[0] is not None else MISSING,
                 }
             )
@@ -280,28 +261,16 @@ def _instrumentation_overhead(results: Mapping[str, Any], name: str) -> tuple[Ta
     return None, None
 
 
-def _ratio(on: Any, off: Any) -> float | None:
-    """on / off - 1 (the probe's median overhead), None when either is missing."""
-    a, b = json_float(on), json_float(off)
-    return a / b - 1 if a is not None and b is not None and b > 0 else None
-
-
 def _pct(v: Any) -> str:
     f = json_float(v)
     return MISSING if f is None else f"{f:+.2%}"
 
 
-def root_cause(run_dir: str | Path, name: str, results: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The panel of ``run_dir/<name>``: ``config``, ``not_reported``, ``recompiles``,
-    ``compiles_note``, ``logs``, ``clamps``, ``instrumentation``/``_from`` (from ``results``,
-    :func:`perfkit.report.runinfo.run_results`), ``commands``. None without a bundle; never raises."""
-    d = Path(run_dir) / name
-    if not (d / "meta.json").exists():
-        return None
-    try:
-        b = ResultBundle.load(d)
-    except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
-        log.warning("report: cannot load bundle %s: %r", d, exc)
+def root_cause(
+    b: ResultBundle | Exception | None, name: str, results: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The root-cause panel of ``name``'s bundle; None without one; never raises."""
+    if not isinstance(b, ResultBundle):
         return None
     try:
         ov, ov_from = _instrumentation_overhead(results, name)

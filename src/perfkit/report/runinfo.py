@@ -1,13 +1,12 @@
-"""A run directory's state as the report and the summary read it: ``run.json``, each notebook's
-status and gate result, key numbers, one entry per investigation, and the tables beside the
-verdict (units of work, engine ends, refused records)."""
+"""A run directory's state as the page and summary.md read it: ``run.json``, each notebook's status
+and gate result, key numbers, bundles, and the tables beside the verdict."""
 
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
@@ -29,23 +28,20 @@ from perfkit.investigations import registry
 log = logging.getLogger(__name__)
 
 
-_GATE_TITLE = "Baseline gate"
-_GATE_QUESTION = "This run's numbers against the baseline, and the invariants."
-#: the columns of :func:`gate_view`, as the page shows them
 GATE_COLUMNS = ["notebook", "case", "metric", "baseline", "measured", "limit", "status", "reason"]
 #: gate rows sort failures first
 GATE_ORDER = {"fail": 0, "inconclusive": 1, "improved": 2, "pass": 3, "new": 4, "skipped": 5}
 
 
-def section_title(name: str) -> str:
-    """The heading of a notebook's section: the investigation's title, or the gate's."""
-    return _GATE_TITLE if name == GATE else registry.get(name).title
-
-
-def section_question(name: str) -> str:
-    """The one-sentence question of a notebook's section (the investigation's, or the gate's).
-    Raises KeyError for a name that is neither registered nor the gate."""
-    return _GATE_QUESTION if name == GATE else registry.get(name).question
+def section_head(name: str) -> tuple[str, str, str]:
+    """(title, question, intro) of a notebook's section; (name, "", "") for an unknown one."""
+    if name == GATE:
+        return "Baseline gate", "This run's numbers against the baseline, and the invariants.", ""
+    try:
+        s = registry.get(name)
+    except KeyError:
+        return name, "", ""
+    return s.title, s.question, s.section_intro
 
 
 def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
@@ -64,7 +60,7 @@ def notebook_error(nb_path: Path) -> tuple[str | None, str | None]:
 
 
 def _run_info(run_dir: Path) -> dict[str, Any]:
-    """``run.json`` (ValueError naming it when not a run record), or one inferred from a run made by hand."""
+    """``run.json`` (ValueError naming it when not a run record), or one inferred from the files."""
     p = run_dir / "run.json"
     if p.exists():
         try:
@@ -74,15 +70,13 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
         nbs = info.get("notebooks", []) if isinstance(info, dict) else None
         if not isinstance(nbs, list) or not all(isinstance(n, dict) for n in nbs):
             raise ValueError(f"{p}: not a run record (an object with a list of notebooks)")
-        # a verdict file that cannot be read makes its notebook an error (never a pass)
         for n in info.get("notebooks") or []:
             doc = read_verdict(run_dir / str(n.get("name")))
             if doc and doc.get("status") == "error" and n.get("status") == "ok":
                 n.update({"status": "error", "error": doc.get("error")})
                 info["exit_code"] = None  # recomputed from the files as they are now
         return info
-    # a run dir made by hand (perfkit run): infer from files; a directory with no notebook and
-    # no verdict is not a run
+    # a run dir made by hand (perfkit run)
     nbs = []
     for name in notebooks():
         nbp = run_dir / "notebooks" / f"{name}.ipynb"
@@ -101,19 +95,24 @@ def _run_info(run_dir: Path) -> dict[str, Any]:
     return {"name": run_dir.name, "notebooks": nbs}
 
 
-def bundle_dirs(run_dir: Path) -> list[Path]:
-    """``run_dir/<investigation>`` of each investigation with a ``meta.json``, in registry order."""
-    return [
-        run_dir / s.name for s in registry.all_investigations() if (run_dir / s.name / "meta.json").is_file()
-    ]
+def load_bundles(dirs: Iterable[Path]) -> dict[Path, ResultBundle | Exception]:
+    """Each of ``dirs`` with a ``meta.json`` as a :class:`ResultBundle`, loaded once, or why not (logged)."""
+    out: dict[Path, ResultBundle | Exception] = {}
+    for d in dirs:
+        if not (d / "meta.json").is_file():
+            continue
+        try:
+            out[d] = ResultBundle.load(d)
+        except Exception as exc:  # noqa: BLE001 - the report is written in every case
+            log.warning("report: unreadable bundle %s: %r", d, exc)
+            out[d] = exc
+    return out
 
 
 def run_results(
     run_dir: Path, on_error: Callable[[Path, Exception], None] | None = None
 ) -> dict[str, dict | str]:
-    """Each investigation's ``run_dir/<investigation>/results.json`` in registry order, read once
-    for the page and summary.md: its dict, or the error (``repr``, logged) of one that cannot be
-    read (OSError, ValueError), after ``on_error(path, exc)`` when given (figures raises there)."""
+    """Each ``results.json`` in registry order, or its error (``repr``, logged; ``on_error`` first)."""
     out: dict[str, dict | str] = {}
     for s in registry.all_investigations():
         p = run_dir / s.name / "results.json"
@@ -130,8 +129,7 @@ def run_results(
 
 
 def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.KeyNumber] | str]:
-    """Each investigation's key numbers from its :func:`run_results` entry, or the error
-    (``repr``, logged) of an unreadable file or a raising ``key_numbers``."""
+    """Each investigation's key numbers, or the error (``repr``, logged)."""
     out: dict[str, list[registry.KeyNumber] | str] = {}
     for name, r in results.items():
         try:
@@ -143,7 +141,7 @@ def key_numbers(results: Mapping[str, dict | str]) -> dict[str, list[registry.Ke
 
 
 def status_text(n: Mapping[str, Any]) -> str:
-    """Whether a notebook ran: ``ran`` (to its end), ``error``, ``skipped (<reason>)``."""
+    """Whether a notebook ran: ``ran``, ``error``, ``skipped (<reason>)``."""
     st = str(n.get("status"))
     if st == "ok":
         return "ran"
@@ -151,8 +149,8 @@ def status_text(n: Mapping[str, Any]) -> str:
 
 
 def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
-    """(result, text) of notebook entry ``n``'s gate, apart from whether it ran (docs/suite.md):
-    text as the notebook's last line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``)."""
+    """(result, text) of notebook entry ``n``'s gate (docs/suite.md), text as the notebook's last
+    line (``fail: 4 checks: 1 failed, 2 passed, 1 skipped``)."""
     st = str(n.get("status") or "")
     if st == "skipped":
         return "not run", "not run"
@@ -161,7 +159,7 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
     doc = read_verdict(Path(run_dir) / str(n.get("name")))
     if doc is None:
         return "not gated", "not gated: no verdict written"
-    word = gate_word("ok", doc)  # the one rule, shared with papermill's last cell and perfkit run
+    word = gate_word("ok", doc)
     if word == "error":
         return "error", "error: " + (clip(doc.get("error"), 120) or "verdict unreadable")
     rows = check_table(doc.get("rows") or [])
@@ -179,8 +177,7 @@ def gate_result(run_dir: str | Path, n: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """The gate rows with ``baseline`` (empty for an invariant), ``measured`` and ``limit`` in
-    place of expected/actual/bound, failures first (:data:`GATE_ORDER`)."""
+    """The gate rows, ``baseline``/``measured``/``limit`` for expected/actual/bound, failures first."""
     if verdicts.empty:
         return pd.DataFrame(columns=GATE_COLUMNS)
     inv = verdicts["case"].isin([s.name for s in registry.all_investigations()])
@@ -199,7 +196,6 @@ def gate_view(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured_elsewhere(results: Mapping[str, dict | str], name: str) -> str | None:
-    """The title of the investigation whose results hold ``name``'s (its ``found_in``), or None."""
     try:
         s = registry.get(name)
     except KeyError:
@@ -215,17 +211,12 @@ def _measured_elsewhere(results: Mapping[str, dict | str], name: str) -> str | N
 def investigations(
     run_dir: str | Path, nbs: list[dict[str, Any]], results: Mapping[str, dict | str]
 ) -> list[dict[str, Any]]:
-    """One entry per notebook: ``name``, ``title``, ``ran`` (:func:`status_text`),
-    ``gate``/``gate_text`` (:func:`gate_result`), ``note`` (where another investigation measured
-    a skipped one, per ``results``, :func:`run_results`; else None), ``wall_s``, ``error``."""
+    """One entry per notebook for the Investigations table and the page's toc."""
     run_dir = Path(run_dir)
     out = []
     for n in nbs:
         name = str(n.get("name"))
-        try:
-            title = section_title(name)
-        except KeyError:
-            title = name
+        title = section_head(name)[0]
         gate, text = gate_result(run_dir, n)
         note = None
         if gate == "not run" and (where := _measured_elsewhere(results, name)):
@@ -246,8 +237,7 @@ def investigations(
 
 
 def investigations_table(inv: list[dict[str, Any]], checks: bool = False) -> list[dict[str, Any]]:
-    """The Investigations table of :func:`investigations`' entries: the page's (``checks``: the
-    gate word and the check counts apart) or the summary's (the gate text)."""
+    """The Investigations table: the page's (``checks``: gate word and counts apart) or the summary's."""
     return [
         {
             "investigation": i["title"],
@@ -267,7 +257,7 @@ def run_warnings(run_dir: Path) -> list[str]:
 
 
 def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
-    """(run.json info, verdict rows, exit code, status word) of a run directory."""
+    """(run.json info, verdict rows, exit code, status word)."""
     info = _run_info(run_dir)
     verdicts = collect_verdicts(run_dir)
     code = info.get("exit_code")
@@ -277,16 +267,14 @@ def run_status(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame, int, str]:
 
 
 def _part_id(part: Mapping[str, Any]) -> str:
-    """A planned part's id (``scaleout.units.Part.id``): ``investigation`` or ``investigation.key``."""
+    """As ``scaleout.units.Part.id``."""
     return str(part.get("investigation", part.get("scenario", ""))) + (
         f".{part['key']}" if part.get("key") else ""
     )
 
 
 def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
-    """One row per unit of work of a merged run (``scaleout``): parts, shard, status, attempts,
-    wall (s), GPUs (NVML UUIDs, shortened), units beside, commit (several only), notes, error.
-    None without units."""
+    """One row per unit of work of a merged run (wall in s); None without units."""
     so = info.get("scaleout") or {}
     units = so.get("units") or []
     if not units:
@@ -299,7 +287,7 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
             beside.setdefault(a, set()).add(b)
             beside.setdefault(b, set()).add(a)
     parts_info = so.get("parts") if isinstance(so.get("parts"), Mapping) else {}
-    mixed = len(so.get("commits") or []) > 1  # merged on purpose (--allow-mixed-commits): say whose
+    mixed = len(so.get("commits") or []) > 1  # --allow-mixed-commits
     noted = any((v or {}).get("notes") for v in parts_info.values() if isinstance(v, Mapping))
     rows = []
     for u in units:
@@ -327,7 +315,6 @@ def units_frame(info: Mapping[str, Any]) -> pd.DataFrame | None:
 
 
 def _unit_notes(unit: Mapping[str, Any], parts_info: Mapping[str, Any]) -> str | None:
-    """The merge's notes on ``unit``'s parts, distinct, in order ("; "-joined); None without."""
     notes = (
         str(n)
         for p in unit.get("parts") or []
@@ -337,8 +324,7 @@ def _unit_notes(unit: Mapping[str, Any], parts_info: Mapping[str, Any]) -> str |
 
 
 def refused_records(run_dir: str | Path) -> list[str]:
-    """One line per request failed because its performance.log record was refused, from every
-    bundle's ``requests`` under ``run_dir`` (merged ones included)."""
+    """One line per request failed because its performance.log record was refused (every bundle's)."""
     from perfkit.readings.records import REFUSED
 
     out: list[str] = []
@@ -358,22 +344,19 @@ def refused_records(run_dir: str | Path) -> list[str]:
     return out
 
 
-def engine_ends_frame(run_dir: str | Path) -> pd.DataFrame | None:
-    """One row per launch that did not end by perfkit's plain teardown (each bundle's, the units'
-    under ``RUN/shards/`` too), then each process a notebook's kernel left that the suite ended
-    (``outlived``). None when there is none."""
+def engine_ends_frame(
+    run_dir: str | Path, bundles: Mapping[Path, ResultBundle | Exception]
+) -> pd.DataFrame | None:
+    """One row per launch that did not end by perfkit's plain teardown (``bundles`` and the units'),
+    then each process a kernel left that the suite ended (``outlived``); None when none."""
     run_dir = Path(run_dir)
     rows = []
-    # the run's bundles, then those of its units (--executor: RUN/shards/<i>/units/<unit>/<part>)
-    dirs = bundle_dirs(run_dir) + [m.parent for m in sorted(run_dir.glob("shards/*/units/*/*/meta.json"))]
+    units = load_bundles(m.parent for m in sorted(run_dir.glob("shards/*/units/*/*/meta.json")))
     seen: set[tuple[Any, ...]] = set()
-    for d in dirs:
-        try:
-            la = ResultBundle.load(d).table("launches")
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("%s: launches not readable: %s", d, exc)
+    for d, b in {**bundles, **units}.items():
+        if isinstance(b, Exception):
             continue
-        for r in la.to_dict("records"):
+        for r in b.launches.to_dict("records"):
             failed, by_perfkit = r.get("failed_request"), r.get("end_by_perfkit")
             if not is_reported(failed) and (
                 not is_reported(r.get("ended")) or by_perfkit is True or not is_reported(r.get("end_signal"))

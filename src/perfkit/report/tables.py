@@ -1,9 +1,5 @@
-"""One table formatter for the report page, the Markdown summary and the notebooks
-(:func:`format_table`; :func:`markdown_table` and :func:`styled` render from it), and what the
-notebooks show beside the plots: requests with role and shape, first-request costs, the verdict in
-sentences, invariants and, on a replay, :func:`replay_markdown`. The rules: docs/suite.md, "The
-report page".
-"""
+"""One table formatter for the page, summary.md and notebooks (:func:`format_table`), and the
+notebooks' tables beside the plots (requests, first-request costs, verdicts). Rules: docs/suite.md."""
 
 from __future__ import annotations
 
@@ -72,9 +68,8 @@ def cell_text(v: Any) -> str:
 
 
 def column_label(name: Any) -> str:
-    """A column's header, words and unit: ``peak_reserved_mib`` -> ``peak reserved (MiB)``,
-    ``ms`` -> ``time (ms)``, ``host_anon_slope_mib_per_request`` -> ``host anon slope
-    (MiB/request)``; a label with a space or brackets is kept."""
+    """A column's header: ``peak_reserved_mib`` -> ``peak reserved (MiB)``, ``ms`` -> ``time (ms)``,
+    ``x_mib_per_request`` -> ``x (MiB/request)``; a label with a space or brackets is kept."""
     s = str(name)
     if " " in s or "(" in s or "_" not in s and s.lower() not in _UNIT_WORDS:
         return s
@@ -92,8 +87,7 @@ def column_label(name: Any) -> str:
 
 @dataclass(frozen=True)
 class Table:
-    """``header`` (labels), ``rows`` (display strings, ``len(header)`` each), ``status_col`` (index of
-    the status column the page colours, or None), ``transposed`` (first column: the labels)."""
+    """``rows``: display strings; ``status_col``: the column the page colours; ``transposed``: labels first."""
 
     header: list[str]
     rows: list[list[str]]
@@ -101,12 +95,10 @@ class Table:
     transposed: bool = False
 
     def __iter__(self):
-        """Unpacks as ``header, rows``."""
         return iter((self.header, self.rows))
 
     @property
     def empty(self) -> bool:
-        """True when the table has no rows."""
         return not self.rows
 
     @property
@@ -122,10 +114,8 @@ def format_table(
     labels: bool = True,
     transpose: bool | str = False,
 ) -> Table:
-    """``df`` as a :class:`Table` (index dropped; headers through :func:`column_label` with
-    ``labels``); ``transpose`` True: one row per column, headed by the first column's cells;
-    ``"auto"``: so for a wide table with few rows.
-    Raises TypeError: if ``df`` is not a DataFrame."""
+    """``df`` as a :class:`Table` (headers :func:`column_label` with ``labels``; ``transpose``: a row
+    per column, ``"auto"`` for a wide table). Raises TypeError: ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"format_table needs a DataFrame, got {type(df).__name__}")
     header = [column_label(c) if labels else str(c) for c in df.columns]
@@ -142,8 +132,7 @@ def format_table(
 
 
 def status_class(word: str) -> str:
-    """The CSS class suffix of a status word: ``"pass"`` -> ``"pass"``,
-    ``"skipped (no bundle)"`` -> ``"skipped"`` (first word, lower case, ``[a-z0-9-]`` only)."""
+    """The CSS class suffix of a status word: its first word, lower case, ``[a-z0-9-]`` only."""
     first = (str(word).strip().split() or [""])[0].lower()
     return re.sub(r"[^a-z0-9-]+", "", first) or "none"
 
@@ -166,13 +155,8 @@ def _check_cell(v: Any, name: bool) -> str:
 def markdown_table(
     df: pd.DataFrame, *, labels: bool = True, own_markdown: bool = False, checks: bool = False
 ) -> str:
-    """A GitHub Markdown table of ``df`` (:func:`format_table`), cells through
-    :func:`perfkit.common.slugs.md_text`; ``own_markdown`` keeps the cells' Markdown (the
-    project's own text), escaping only ``|`` and line breaks. ``checks``: a check table as
-    ``perfkit compare`` prints it: headers as they are, numbers with 2 decimals, the case and
-    metric cells through ``md_text``; in the others (perfkit's sentences, which may quote a name)
-    no HTML tag, link or table break is live, while ``<=`` stays as written.
-    Raises TypeError: if ``df`` is not a DataFrame."""
+    """A GitHub Markdown table of ``df``, cells through ``md_text`` (``own_markdown``: kept, ``|`` escaped;
+    ``checks``: as ``perfkit compare`` prints it). Raises TypeError: ``df`` is not a DataFrame."""
     if checks:
         header = [str(c) for c in df.columns]
         rows = [
@@ -215,9 +199,8 @@ def styled(
     transpose: bool | str = "auto",
     caption: str | None = None,
 ) -> Any:
-    """A pandas ``Styler`` of ``df`` (:func:`format_table`; a labelled index becomes the first
-    column, headed by its name or "row"), status words coloured, text HTML-escaped.
-    Raises TypeError: if ``df`` is not a DataFrame."""
+    """A pandas ``Styler`` of ``df`` (:func:`format_table`; a labelled index a first column), status
+    words coloured, text HTML-escaped. Raises TypeError: ``df`` is not a DataFrame."""
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"styled needs a DataFrame, got {type(df).__name__}")
     if not _default_index(df):  # a labelled index (a transposed frame) is a column of its own
@@ -226,7 +209,6 @@ def styled(
             df = df.rename(columns={df.columns[0]: "row"})
     t = format_table(df, status_col, labels=labels, transpose=transpose)
     shown = pd.DataFrame(t.rows, columns=pd.Index(_unique(t.header)))
-    # cells and headers are text (reasons hold "<=" and engine messages): HTML-escaped
     st = shown.style.format(escape="html").format_index(escape="html", axis=1)
     st = st.hide(axis="index").set_table_styles(_CELL_STYLE)
     if t.status_col is not None and not shown.empty:
@@ -238,13 +220,12 @@ def styled(
 
 
 def _default_index(df: pd.DataFrame) -> bool:
-    """True when the index is unnamed integers (not shown); a named or labelled index is data."""
     idx = df.index
     return idx.nlevels == 1 and idx.name is None and (len(idx) == 0 or idx.dtype.kind in "iu")
 
 
 def _unique(header: list[str]) -> list[str]:
-    """Column labels made unique (a Styler needs them so): repeats get `` (2)``, ..."""
+    """Repeats get `` (2)``, ... (a Styler needs unique labels)."""
     seen: dict[str, int] = {}
     out = []
     for h in header:
@@ -255,8 +236,7 @@ def _unique(header: list[str]) -> list[str]:
 
 
 def use_in_notebook() -> bool:
-    """Render every DataFrame a notebook cell displays through :func:`styled` (HTML output).
-    False outside IPython (nothing done), else True; safe to call twice."""
+    """Render every DataFrame a notebook cell displays through :func:`styled`; False outside IPython."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -275,8 +255,7 @@ _FIRST_OF_SHAPE = (ROLE_COLD, _COLD_NEW_SHAPE, ROLE_NEW_SHAPE)
 
 
 def show_table(df: pd.DataFrame, caption: str | None = None, transpose: bool | str = "auto") -> None:
-    """Display ``df`` through :func:`perfkit.report.tables.styled` (``transpose`` False for a list
-    of items). Raises TypeError: ``df`` is not a DataFrame."""
+    """Display ``df`` through :func:`styled`. Raises TypeError: ``df`` is not a DataFrame."""
     from IPython.display import display
 
     display(styled(df, caption=caption, transpose=transpose))
@@ -308,12 +287,9 @@ def _shape_text(row: Mapping[str, Any]) -> str:
 
 
 def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``requests`` with ``role`` (``cold, new shape`` when the warmup had not run its latent
-    shape), ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and ``request``
-    (``"warmup17 #3 first of a new shape"``).
-    Raises ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
-    missing = [c for c in ("launch", "index") if c not in requests.columns]
-    if missing:
+    """``requests`` with ``role``, ``shape`` (``"24→25 frames (4 latent), 512x768, 30 steps"``) and
+    ``request``. Raises ValueError: ``requests`` lacks the ``launch`` or ``index`` column."""
+    if missing := [c for c in ("launch", "index") if c not in requests.columns]:
         raise ValueError(f"request_roles: the requests table has no {', '.join(missing)} column")
     df = requests.reset_index(drop=True)
     # each row's roles by position (request_id: the row number), ROLE_WARM where none came back
@@ -329,8 +305,7 @@ def request_roles(requests: pd.DataFrame, launches: pd.DataFrame | None = None) 
 
 
 def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
-    """Every request of a bundle for display: launch, request index, role, shape, end-to-end
-    time (ms), recompilations (count, time in ms, reason) and status."""
+    """Every request for display (e2e and compile times in ms)."""
     if requests is None or requests.empty:
         return pd.DataFrame(columns=["launch", "#", "role", "shape", "e2e (ms)", "status"])
     df = request_roles(requests)
@@ -353,7 +328,7 @@ def request_frame(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def _told(values: Iterable[Any], count: bool = False) -> list[Any]:
-    """Each value as reported (an int for a ``count``), "not reported" where the engine gave none."""
+    """Each value as reported (an int for a ``count``), else "not reported"."""
     return [
         NOT_REPORTED if not is_reported(v) else (reported_count(v) if count else float(v)) for v in values
     ]
@@ -364,9 +339,7 @@ def _reason(v: Any) -> str | None:
 
 
 def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per cold or first-of-a-new-shape request: ``first (ms)``, the ``warm median (ms)``
-    of its shape in its launch, ``penalty (ms)``, the ``penalty stage`` holding most of it and
-    its recompilations."""
+    """One row per cold or first-of-a-new-shape request: its penalty (ms) over the warm median."""
     cols = ["launch", "request", "shape", "first (ms)", "warm median (ms)", "penalty (ms)", "penalty stage"]
     cols += ["stage penalty (ms)", "compiles", "compiling (ms)", "recompile reason"]
     if requests is None or requests.empty:
@@ -401,8 +374,7 @@ def first_request_costs(requests: pd.DataFrame, stages: pd.DataFrame | None = No
 
 
 def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: pd.DataFrame) -> tuple:
-    """(stage, ms) holding most of request ``first``'s excess over the median of the ``warm``
-    requests (per-request sums of each stage: a stage may run twice); (None, nan) when none."""
+    """(stage, ms) holding most of ``first``'s excess over the ``warm`` median; (None, nan) when none."""
     if stages is None or warm.empty or "request_id" not in stages.columns:
         return None, math.nan
     ids = pd.concat([pd.Series([first.get("request_id")]), warm["request_id"]], ignore_index=True)
@@ -411,8 +383,7 @@ def penalty_stage(stages: pd.DataFrame | None, first: Mapping[str, Any], warm: p
 
 
 def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gate") -> str:
-    """The verdict in sentences from the gate's check rows: status and counts, then the failed,
-    inconclusive, skipped and passed checks with their reasons."""
+    """The verdict in sentences: status and counts, then the checks by status with reasons."""
     df = check_table(list(rows))
     if df.empty:
         return f"**{what}: nothing gated** (no invariant of this investigation has a limit)."
@@ -439,8 +410,7 @@ def verdict_markdown(rows: Iterable[Check | Mapping[str, Any]], what: str = "Gat
 
 
 def check_frame(rows: Iterable[Check | Mapping[str, Any]], with_case: bool = False) -> pd.DataFrame:
-    """The check rows: metric, limit (the bound with any noise margin, else the limit), measured,
-    status, reason; ``case`` first with ``with_case``."""
+    """The check rows: metric, limit (bound, else expected), measured, status, reason."""
     df = check_table(list(rows))
     df = df.assign(
         limit=pd.to_numeric(df["bound"], errors="coerce").fillna(
@@ -452,9 +422,8 @@ def check_frame(rows: Iterable[Check | Mapping[str, Any]], with_case: bool = Fal
 
 
 def invariants_frame(investigation: str, given: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """Each invariant of ``investigation``: default, ``given``, in effect
-    (:func:`perfkit.investigations.registry.merged_invariants`). Raises KeyError (unknown investigation),
-    ValueError (an unknown invariant in ``given``)."""
+    """Each invariant of ``investigation``: default, ``given``, in effect. Raises KeyError (unknown
+    investigation), ValueError (an unknown invariant in ``given``)."""
     s = registry.get(investigation)
     merged = registry.merged_invariants(given)
     defaults = s.invariant_defaults()
@@ -464,9 +433,7 @@ def invariants_frame(investigation: str, given: Mapping[str, Any] | None = None)
 
 
 def _comparable(given: Any, recorded: Any) -> Any:
-    """``recorded`` reduced to what ``given`` states: dict keys ``given`` has, None values
-    dropped (a recorded cap also records its defaults). A cap recorded without a device or host
-    limit is what a ``None`` (no cap) means, so it reads as None."""
+    """``recorded`` reduced to what ``given`` states; a cap without limits reads as None."""
     if given is None and isinstance(recorded, Mapping) and "label" in recorded:
         if recorded.get("device_gib") is None and recorded.get("host_gib") is None:
             return None
@@ -508,9 +475,7 @@ def _value_text(v: Any) -> str:
 
 
 def replay_markdown(recorded_params: Mapping[str, Any] | None, given: Mapping[str, Any], source: str) -> str:
-    """What a replay of ``source`` re-applies (the checks, against the invariants given) and what
-    it cannot (measurement params are the bundle's): each param of ``given`` that differs from
-    ``recorded_params`` (the bundle's ``meta["params"]``, None: not recorded) is named with both values."""
+    """What a replay of ``source`` re-applies, and each ``given`` param the bundle was not measured with."""
     lines = [
         f"Replayed from {md_text(source, code=True)}: the measurements are the recorded ones; the checks are judged "
         "again, here, against the limits below (a verdict recorded in the bundle is not used)."

@@ -1,8 +1,5 @@
-"""Matplotlib figures for perfkit bundles, one module per family of figures (:mod:`.base`: the shared
-helpers and colours); their names are re-exported here, with :mod:`perfkit.roles`' request roles
-for notebooks. Each takes a bundle's DataFrames (ms, MiB, ``t*_s`` epoch seconds) and returns a
-pyplot-free Figure: docs/suite.md, "The report page".
-"""
+"""Matplotlib figures, one module per family (:mod:`.base`: shared helpers and colours), re-exported
+here with the request roles; each takes a bundle's DataFrames and returns a pyplot-free Figure."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Helpers every figure module of :mod:`perfkit.report.plots` shares: bundle unpacking, launch
-names, ms ticks, the figure, its PNG and alt text, and the colours (stages by class, the cold
-request, request roles). Times in ms, memory in MiB."""
+"""Helpers the figure modules share: bundle unpacking, launch names, ms ticks, the figure, its PNG
+and alt text, and the colours (stages by class, request roles). Times in ms, memory in MiB."""
 
 from __future__ import annotations
 
@@ -23,12 +22,8 @@ else:
 
 
 def launch_names(launches: pd.DataFrame | None) -> dict[Any, str]:
-    """A readable name per launch label, for legends and titles.
-
-    With memory caps in the table: ``"12 GiB GPU + 32 GiB host"``, ``"8 GiB host"``,
-    ``"unlimited"`` (a launch without caps beside capped ones); else, when the launches differ
-    in startup warmup frames: ``"warmup 17 frames"``; else the launch label itself.
-    """
+    """Launch label -> legend name: its caps (``"12 GiB GPU + 32 GiB host"``, ``"unlimited"``
+    beside capped ones), else ``"warmup 17 frames"`` when warmups differ, else the label."""
     if launches is None or launches.empty or "launch" not in launches.columns:
         return {}
     rows = [r for _, r in launches.iterrows()]
@@ -78,8 +73,7 @@ def use_log(values: Iterable[float], spread: float = 30.0) -> bool:
 
 
 def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
-    """Rows that are not the startup warmup (``index == WARMUP_INDEX``), unless asked to keep
-    them."""
+    """Rows that are not the startup warmup (``index == WARMUP_INDEX``), unless ``include_warmup``."""
     if include_warmup or df.empty or "index" not in df.columns:
         return df
     keep = pd.Series(pd.to_numeric(df["index"], errors="coerce") != WARMUP_INDEX, index=df.index)
@@ -87,8 +81,7 @@ def drop_warmup(df: pd.DataFrame, include_warmup: bool) -> pd.DataFrame:
 
 
 def of_launch(df: pd.DataFrame | None, launch: Any) -> pd.DataFrame | None:
-    """The rows of ``launch`` (all rows when ``launch`` is None or ``df`` has no launch column;
-    None for None)."""
+    """The rows of ``launch`` (all when ``launch`` is None or ``df`` has no launch column)."""
     if df is None or launch is None or "launch" not in df.columns:
         return df
     return df[df["launch"] == launch]
@@ -99,9 +92,13 @@ def empty_note(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
+def x_text(ax: Any, x: float, y: float, text: str, **kw: Any) -> None:
+    """``text`` centred at data ``x`` and axes-fraction ``y``, 7 pt."""
+    ax.text(x, y, text, transform=ax.get_xaxis_transform(), ha="center", fontsize=7, **kw)
+
+
 def new_figure(width: float, height: float) -> Figure:
-    """A pyplot-free :class:`~matplotlib.figure.Figure` of ``width`` x ``height`` inches,
-    constrained layout."""
+    """A pyplot-free, constrained-layout Figure of ``width`` x ``height`` inches."""
     from matplotlib.figure import Figure  # here: drawing is the only reason to import matplotlib
 
     return Figure(figsize=(width, height), layout="constrained")
@@ -121,8 +118,7 @@ def figure_to_png_bytes(fig: Figure, dpi: int = 100) -> bytes:
 
 
 def alt_text(fig: Figure) -> str:
-    """A one-sentence description of ``fig`` for an ``img`` alt attribute: its title, then
-    each titled or labelled axis (``"y label vs x label"``). Never empty."""
+    """The ``img`` alt text of ``fig``: its title and each axis (``"y label vs x label"``)."""
     parts = []
     sup = getattr(fig, "_suptitle", None)
     if sup is not None and sup.get_text():
@@ -148,8 +144,7 @@ def ms_axis(ax: Any, axis: str = "y") -> None:
 
 
 def ms_y(ax: Any, what: str, log: bool) -> None:
-    """Label the y axis ``what (ms)``: log-scaled (:func:`ms_axis`, ``ms, s; log scale``) with
-    ``log``, else from 0."""
+    """Label the y axis ``what (ms)``, log-scaled (:func:`ms_axis`) with ``log``, else from 0."""
     if log:
         ms_axis(ax)
     else:
@@ -164,14 +159,11 @@ def integer_xticks(ax: Any) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-#: Pipeline stage order (:data:`perfkit.readings.stages.PIPELINE_ORDER`: the reference engine's and
-#: sglang's stage names, LTX-2 included); stages not listed are drawn after these, in order of
-#: appearance.
+#: Pipeline stage order; stages not listed are drawn after these, in order of appearance.
 STAGE_ORDER = _stages.PIPELINE_ORDER
 
-#: Stage colours by class (:func:`perfkit.readings.stages.stage_class`): denoising in blues, refinement in
-#: purples, decoding in greens (the n-th stage of a class in one figure takes the n-th shade),
-#: every other stage from :data:`OTHER_STAGE_COLORS` in pipeline order.
+#: Stage colours by class: the n-th stage of a class in one figure takes the n-th shade; others
+#: from :data:`OTHER_STAGE_COLORS` in pipeline order.
 STAGE_CLASS_COLORS = {
     _stages.DENOISING: ("tab:blue", "#6baed6", "#08519c", "#c6dbef"),
     _stages.REFINEMENT: ("tab:purple", "#9e9ac8", "#54278f", "#dadaeb"),

@@ -1,6 +1,5 @@
-"""The verdict figures: the baseline gate's actual vs expected per metric, with the tolerance band,
-coloured by verdict status (:func:`baseline_vs_actual`), and the A/B forest plot of B/A per metric
-with its interval and the launches behind it (:func:`ab_forest`)."""
+"""The verdict figures: the baseline gate's actual vs expected (:func:`baseline_vs_actual`) and the
+A/B forest plot (:func:`ab_forest`)."""
 
 from __future__ import annotations
 
@@ -19,16 +18,8 @@ def _metric_unit(metric: str) -> str:
 
 
 def baseline_vs_actual(verdicts: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Actual vs expected per (case, metric) row as horizontal bars coloured by status, a black
-    tick at expected and a band from expected to bound; rows without an expected value are left
-    out; one panel per unit (ms, MiB: names with ``vram``/``_mb``/``mib``/``memory``).
-
-    Args:
-        verdicts: case, metric, expected, actual, bound, status.
-
-    Returns:
-        Figure with one axis per unit; on each the first bar container holds the bands, the
-        second the actual-value bars."""
+    """Actual vs expected per verdict row with an expected value, bars coloured by status, a band to
+    bound; one axis per unit (ms, MiB)."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     df = verdicts.copy() if verdicts is not None else pd.DataFrame()
@@ -100,16 +91,8 @@ AB_DECISION_COLORS = {
 
 
 def ab_forest(table: pd.DataFrame, launch_means: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Forest plot of an A/B: per metric B/A with its interval, each launch's median over A's
-    geometric mean behind it (A grey, B coloured), the ±threshold band, x in per cent change.
-
-    Args:
-        table: :attr:`perfkit.ab.decide.AbResult.table`; metrics "not measured" are left out
-            (named in the title's note).
-        launch_means: :attr:`perfkit.ab.decide.AbResult.launch_means` (side, metric, value).
-
-    Returns:
-        Figure with one axis; one row per measured metric in table order."""
+    """Forest plot of an A/B: per measured metric B/A (% change) with its interval and each launch
+    (A grey, B coloured), the ±threshold band; "not measured" metrics named in the title."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     df = table.copy() if table is not None else pd.DataFrame()

@@ -1,7 +1,5 @@
-"""Serving-under-load figures from the per-level results (``concurrency`` or ``rate_rps``,
-``p50_ms``, ``p99_ms``, ``p99_ci``, ``queue_wait_ms``, ``service_ms``, ``t0_s``, ``t1_s``: ms,
-epoch s) and the ``memory`` table (MiB); the offload modes figure: device and host memory (MiB)
-and warm latency (ms) per offload mode (:func:`offload_memory_latency`)."""
+"""Serving-under-load figures from the per-level results (ms, epoch s) and the ``memory`` table (MiB),
+and the offload modes figure (:func:`offload_memory_latency`)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure, one_axis
+from perfkit.report.plots.base import Figure, empty_note, is_finite, ms_axis, new_figure, one_axis, x_text
 
 
 def _label(lv: Mapping[str, Any]) -> str:
@@ -24,9 +22,7 @@ def _num(v: Any) -> float:
 
 
 def latency_vs_concurrency(levels: Sequence[Mapping[str, Any]], *, title: str | None = None) -> Figure:
-    """p50 and p99 of e2e (ms) per closed-loop level; the p99's 95 % order-statistic interval
-    drawn as a bar from its lower end (an upper end the requests cannot bound is drawn as an
-    arrow up). Returns a Figure with one axes."""
+    """p50 and p99 of e2e (ms) per closed-loop level, the p99's 95 % interval as a bar."""
     fig, ax = one_axis(6.4, 3.8)
     closed = [lv for lv in levels if lv.get("concurrency") is not None]
     if not closed:
@@ -58,11 +54,8 @@ def latency_vs_concurrency(levels: Sequence[Mapping[str, Any]], *, title: str | 
 
 
 def queue_vs_service(levels: Sequence[Mapping[str, Any]], *, title: str | None = None) -> Figure:
-    """Per level (closed-loop levels, then the open loop): median queue wait stacked on median
-    service time (ms). A level whose times are not reported gets no bar and says "not
-    reported" under it (never a bar of 0); a level whose queue wait was derived (the engine
-    reports no start: e2e − the record's duration) is marked "derived". Returns a Figure with
-    one axes."""
+    """Median queue wait stacked on median service time (ms) per level; a level not reported gets
+    no bar (never 0) and says so, one whose wait was derived (e2e − duration) is marked so."""
     fig, ax = one_axis(6.4, 3.8)
     if not levels:
         empty_note(ax, "no level measured")
@@ -96,8 +89,7 @@ def queue_vs_service(levels: Sequence[Mapping[str, Any]], *, title: str | None =
 def memory_under_concurrency(
     memory: pd.DataFrame, levels: Sequence[Mapping[str, Any]], *, title: str | None = None
 ) -> Figure:
-    """Device memory in use and host PSS of the engine (MiB) over the launch (s since the first
-    sample), each level's window shaded and named. Returns a Figure with one axes."""
+    """Device memory in use and host PSS (MiB) over s since the first sample, levels shaded."""
     fig, ax = one_axis(8.0, 3.8)
     if memory is None or memory.empty or "t_s" not in memory.columns:
         empty_note(ax, "no memory samples")
@@ -122,15 +114,7 @@ def memory_under_concurrency(
         a, b = lv.get("t0_s"), lv.get("t1_s")
         if is_finite(a) and is_finite(b):
             ax.axvspan(a - t0, b - t0, color="grey", alpha=0.08 + 0.06 * (i % 2))
-            ax.text(
-                (a + b) / 2 - t0,
-                1.0,
-                _label(lv),
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-            )
+            x_text(ax, (a + b) / 2 - t0, 1.0, _label(lv), va="bottom")
     ax.set_xlabel("seconds since the first sample")
     ax.set_ylabel("MiB")
     ax.legend(loc="lower right", fontsize=8)
@@ -139,15 +123,8 @@ def memory_under_concurrency(
 
 
 def offload_memory_latency(modes: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Per offload mode: device reserved and host peak (MiB, left) and warm e2e (ms, right); a mode
-    without a value gets its status written in place of the bar.
-
-    Args:
-        modes: ``mode``, ``status`` (ran / not applicable / failed), ``peak_reserved_mib``,
-            ``host_pss_peak_mib``, ``warm_ms`` (the offload investigation's summary table).
-
-    Returns:
-        Figure with two axes (grouped memory bars, warm e2e bars)."""
+    """Per offload mode (the offload investigation's summary table): device reserved and host peak
+    (MiB, left axis) and warm e2e (ms, right axis); a mode without a value shows its status."""
     fig = new_figure(10.0, 4.2)
     ax_mem, ax_lat = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     if modes is None or modes.empty or "mode" not in modes.columns:

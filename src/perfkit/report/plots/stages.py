@@ -1,6 +1,5 @@
-"""The stage breakdown figure: per-stage latency (ms), the cold request beside the warm median, per
-launch and request shape (:func:`stage_breakdown`); the warmup coverage figure: first-request
-penalty (ms) by startup warmup frames x request frames (:func:`coverage_heatmap`)."""
+"""The stage breakdown figure (:func:`stage_breakdown`, ms) and the warmup coverage heatmap of
+first-request penalties (:func:`coverage_heatmap`)."""
 
 from __future__ import annotations
 
@@ -67,17 +66,8 @@ def stage_breakdown(
     launch: Any = None,
     title: str | None = None,
 ) -> Figure:
-    """Per-stage latency (ms): for each stage, the cold request beside the warm median (what it
-    draws: docs/suite.md, "The report page").
-
-    Args:
-        stages: the stages table (launch, request_id, index, stage, ms), or a
-            :class:`~perfkit.bundle.ResultBundle` (its requests and launches too).
-        requests: for shapes and roles (:func:`request_roles`); without it index 0 is cold.
-
-    Returns:
-        Figure with one axis per launch; each bar container one series labelled with role and
-        shape (``"cold · 25 frames"``, ``"warm median · 25 frames (n=4)"``), one bar per stage."""
+    """Per-stage latency (ms), the cold request beside the warm median, one axis per launch
+    (``stages``: the table or a ResultBundle; without ``requests`` index 0 is cold; docs/suite.md)."""
     stages, b = unbundle(stages, "stages", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     df = of_launch(stages, launch) if stages is not None else pd.DataFrame()
@@ -156,7 +146,6 @@ def _series_bars(kind: str, items: _Items, shade: int) -> tuple[np.ndarray, Any,
 
 
 def _draw_series(ax: Any, series: dict[tuple[str, str], _Items], n_stages: int, log: bool) -> None:
-    """One bar per stage for each series of a panel, side by side, each labelled with its value."""
     shapes = list(dict.fromkeys(s for s, _ in series))
     keys = sorted(series, key=lambda sk: (shapes.index(sk[0]), _KIND_ORDER.get(sk[1], 3)))
     n_series = max(1, len(keys))
@@ -192,7 +181,6 @@ def _draw_series(ax: Any, series: dict[tuple[str, str], _Items], n_stages: int, 
 
 
 def _label_panel(ax: Any, stage_cols: list[str], log: bool) -> None:
-    """Stage ticks, the y axis in ms (log when the bars span more than 30x) and the legend."""
     ax.set_xticks(np.arange(len(stage_cols)), stage_cols, rotation=15 if len(stage_cols) > 5 else 0)
     ms_y(ax, "stage latency", log)
     ax.margins(y=0.25)
@@ -200,15 +188,8 @@ def _label_panel(ax: Any, stage_cols: list[str], log: bool) -> None:
 
 
 def coverage_heatmap(coverage: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """Heatmap of the first-request penalty (ms) by startup warmup frames x request frames, each
-    cell annotated with the penalty, the ratio (when finite) and ``covered``/``not covered``;
-    repeated cells take the median penalty.
-
-    Args:
-        coverage: warmup_frames, request_frames, covered (bool), penalty_ms, ratio.
-
-    Returns:
-        Figure: the heatmap axis and a colour bar in ms; one text per non-empty cell."""
+    """Heatmap of the first-request penalty (ms, median of repeats) by startup warmup frames x
+    request frames, one text per cell: penalty, ratio when finite, ``covered``/``not covered``."""
     df = coverage.copy()
     fig, ax = one_axis(7.0, 4.5)
     ax.set_xlabel("request num_frames")

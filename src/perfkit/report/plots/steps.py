@@ -1,6 +1,5 @@
-"""Per-request figures: end-to-end latency (ms) per request (:func:`e2e_per_request`), step time
-(ms) per step and request (:func:`step_times`), and one profiled step's top-level ops over time
-(:func:`step_timeline`)."""
+"""Per-request figures: e2e latency per request, step time per step, and one profiled step's
+top-level ops over time (ms)."""
 
 from __future__ import annotations
 
@@ -36,16 +35,8 @@ def e2e_per_request(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """End-to-end latency (ms) per request index, one line per launch (:func:`launch_names`); the
-    cold request and each first of a new shape marked with role and frames; log y when the
-    requests span more than 30x.
-
-    Args:
-        requests: the requests table (launch, index, e2e_ms, num_frames), or a
-            :class:`~perfkit.bundle.ResultBundle`.
-
-    Returns:
-        Figure with one axis: a line per launch plus a marker collection per launch and role drawn."""
+    """End-to-end latency (ms) per request index, a line per launch, the cold and first-of-a-shape
+    requests marked (``requests``: the table or a ResultBundle); log y past 30x."""
     requests, b = unbundle(requests, "requests", launches=launches)
     launches = b["launches"]
     names = launch_names(launches)
@@ -118,17 +109,8 @@ def step_times(
     launches: pd.DataFrame | None = None,
     title: str | None = None,
 ) -> Figure:
-    """DenoisingStage step time (ms) vs step index, one line per request (what it draws:
-    docs/suite.md, "The report page").
-
-    Args:
-        steps: the steps table (launch, request_id, index, stage, step, ms), or a
-            :class:`~perfkit.bundle.ResultBundle`.
-        requests: for roles and shapes (:func:`request_roles`).
-
-    Returns:
-        Figure with one axis, one line per (launch, request) in ``ax.lines``, labelled with role
-        and shape (warm lines after the first: ``_child``)."""
+    """DenoisingStage step time (ms) per step, a line per (launch, request) labelled with role and
+    shape (``steps``: the table or a ResultBundle; docs/suite.md)."""
     steps, b = unbundle(steps, "steps", requests=requests, launches=launches)
     requests, launches = b["requests"], b["launches"]
     names = launch_names(launches)
@@ -191,16 +173,8 @@ def step_times(
 
 
 def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """The first recorded denoising step that is not sglang's ``warmup_step`` over time: its
-    top-level ops as bars, one lane for each of the 8 ops with most time, the rest in "other ops";
-    a trace without step ranges (``full_stages``) shows its denoising stage.
-
-    Args:
-        events: :func:`perfkit.readings.traces.op_events` of one trace (``ts_us`` µs, ``dur_ms``).
-
-    Returns:
-        Figure with one axis (x: ms from the step's first op); an empty note when the trace holds
-        no step and no denoising stage."""
+    """The first denoising step of ``events`` that is not sglang's ``warmup_step``: its 8 costliest
+    top-level ops as bars over ms, the rest "other ops" (``full_stages``: the denoising stage)."""
     top = events[(events["cat"] != "kernel") & events["top"]] if not events.empty else events
     ev = top[top["step"] >= 0] if not top.empty else top
     fig, ax = one_axis(8.5, 3.8)
@@ -211,8 +185,7 @@ def step_timeline(events: pd.DataFrame, *, title: str | None = None) -> Figure:
         ev = ev[ev["step"] == step]
         what = f"Denoising step {step}"
     elif not top.empty:  # full_stages: no step ranges; the denoising stage whole
-        den = [s for s in dict.fromkeys(top["stage"]) if "denoising" in str(s).lower()]
-        if den:
+        if den := [s for s in dict.fromkeys(top["stage"]) if "denoising" in str(s).lower()]:
             ev = top[top["stage"] == den[0]]
             what = f"{den[0]} (no step ranges in a full_stages trace)"
     if ev.empty or what is None:

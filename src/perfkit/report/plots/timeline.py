@@ -1,6 +1,5 @@
-"""The memory timeline: device and host memory (MiB) over time since the engine's launch, with the
-launch's phases shaded, each request's span and role, compile events and stage starts
-(:func:`memory_timeline`)."""
+"""The memory timeline (:func:`memory_timeline`): device and host memory (MiB) since the engine's
+launch, with its phases, requests, compiles and stage starts."""
 
 from __future__ import annotations
 
@@ -26,14 +25,13 @@ from perfkit.report.plots.base import (
     ordered_stages,
     stage_colors,
     unbundle,
+    x_text,
 )
 from perfkit.roles import ROLE_COLD, ROLE_WARM, ROLE_WARMUP, request_label, request_roles
 
 
 @dataclass
 class _Timeline:
-    """What every part of one memory timeline draws against."""
-
     mem: pd.DataFrame
     names: dict[Any, str]
     t0: float
@@ -47,7 +45,6 @@ class _Timeline:
 
 
 def _draw_phases(tl: _Timeline, t: pd.Series) -> None:
-    """Shade and label the launch's model load and startup warmup on every panel."""
     from matplotlib.patches import Patch  # here: drawing is the only reason to import matplotlib
 
     phases, axes, t0 = tl.phases, tl.axes, tl.t0
@@ -59,25 +56,15 @@ def _draw_phases(tl: _Timeline, t: pd.Series) -> None:
             continue
         for ax in axes:
             ax.axvspan(a - t0, z - t0, color=color, alpha=0.5, lw=0, gid="phase-span")
-        axes[-1].text(
-            (a + z) / 2 - t0,
-            0.03,
-            lab,
-            transform=axes[-1].get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        x_text(axes[-1], (a + z) / 2 - t0, 0.03, lab, va="bottom")
         tl.handles.setdefault(lab, Patch(color=color, alpha=0.5, label=lab))
     if t.notna().any() and float(t.min()) > phases["ready"] - 0.5:
-        axes[-1].text(
+        x_text(
+            axes[-1],
             (phases["ready"] - t0) / 2,
             0.5,
             "no memory samples\nbefore ready",
-            transform=axes[-1].get_xaxis_transform(),
-            ha="center",
             va="center",
-            fontsize=7,
             color="dimgray",
         )
 
@@ -86,8 +73,7 @@ def _draw_requests(tl: _Timeline, req: pd.DataFrame, launches: pd.DataFrame | No
     """Shade each request's span by role and mark its compiles; returns how many are drawn."""
     roles = request_roles(req, launches)
     role_of = {r["request_id"]: r for _, r in roles.iterrows()} if "request_id" in req.columns else {}
-    # the startup warmup request is the warmup phase when the phases are drawn (its
-    # compile is still marked)
+    # with the phases drawn, the startup warmup request is the warmup phase
     n_req = len(drop_warmup(req, not tl.from_launch))
     t_end = pd.to_numeric(req["t_end_s"], errors="coerce").max()
     x_span = max(1e-9, float(np.nanmax([t_end, t.max(), tl.t0])) - tl.t0)
@@ -113,17 +99,7 @@ def _draw_request(tl: _Timeline, r: Mapping[str, Any], role: str, short: str, x_
     for ax in axes if not phase else []:
         ax.axvspan(a, z, color=color, alpha=0.15, gid="request-span", lw=0)
     if role != ROLE_WARMUP and (z - a) > 0.012 * x_span:
-        axes[0].text(
-            (a + z) / 2,
-            0.9,
-            short,
-            transform=axes[0].get_xaxis_transform(),
-            ha="center",
-            va="top",
-            rotation=90,
-            fontsize=7,
-            color=color,
-        )
+        x_text(axes[0], (a + z) / 2, 0.9, short, va="top", rotation=90, color=color)
     key = {ROLE_WARM: "warm requests", ROLE_WARMUP: "startup warmup request", ROLE_COLD: "cold request"}.get(
         role, role
     )
@@ -160,7 +136,6 @@ def _draw_request(tl: _Timeline, r: Mapping[str, Any], role: str, short: str, x_
 
 
 def _draw_stage_marks(tl: _Timeline, stages: pd.DataFrame) -> None:
-    """A dotted line at each stage start, coloured by stage class, on every panel."""
     from matplotlib.lines import Line2D  # here: drawing is the only reason to import matplotlib
 
     st = stages[pd.to_numeric(stages["t_start_s"], errors="coerce").notna()]
@@ -210,19 +185,8 @@ def memory_timeline(
     device_name: str | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Device and host memory (MiB) over time since the engine's launch, with what happened
-    (its panels, marks and artist gids: docs/suite.md, "The report page").
-
-    Args:
-        memory: the memory table (launch, t_s epoch s, device_used_mib, host_*_mib), or a
-            :class:`~perfkit.bundle.ResultBundle` (the other tables and GPU name come with it).
-        requests: t_start_s, t_end_s (epoch s), index, compiles, compile_ms.
-        stages: stage, t_start_s (epoch s).
-        launch: only this launch; device_name: the device panel's accelerator name.
-
-    Returns:
-        Figure with one or two axes sharing the time axis (s since launch, else since the first
-        sample)."""
+    """Device and host memory (MiB) over time since the engine's launch (docs/suite.md, "The report
+    page"); ``memory`` may be a ResultBundle (its other tables and GPU name come with it)."""
     mem, b = unbundle(memory, "memory", requests=requests, stages=stages, launches=launches)
     requests, stages, launches = b["requests"], b["stages"], b["launches"]
     device_name = device_name or b["meta"].get("gpu_name")
@@ -258,7 +222,6 @@ def memory_timeline(
 
 
 def _col(mem: pd.DataFrame, name: str) -> pd.Series:
-    """Column ``name`` of the samples as numbers (all NaN when absent)."""
     return pd.to_numeric(mem.get(name, pd.Series(np.nan, index=mem.index, dtype=float)), errors="coerce")
 
 
@@ -301,9 +264,7 @@ def _series(tl: _Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
         xs, ys = x.to_numpy()[keep], y.to_numpy()[keep]
         order = np.argsort(xs)
         lab = f"{label} ({tl.names.get(lk, lk)})" if multi else label
-        # a column read on some samples only (PSS): a dot at each read, so that a single read
-        # shows and the line between reads is not taken for readings
-        sparse = {"marker": "o", "ms": 3} if not keep.all() else {}
+        sparse = {"marker": "o", "ms": 3} if not keep.all() else {}  # a lone read shows
         ax.plot(xs[order], ys[order], label=lab, **{**sparse, **kw})
         drew = True
     return drew
@@ -312,7 +273,6 @@ def _series(tl: _Timeline, ax: Any, col: str, label: str, **kw: Any) -> bool:
 def _draw_device(
     tl: _Timeline, device_name: str | None, title: str, cap_gib: Any, one_launch: Mapping[str, Any] | None
 ) -> None:
-    """The device panel: device used, its cap and the load and warmup peaks the engine recorded."""
     ax_dev = tl.axes[0]
     _series(tl, ax_dev, "device_used_mib", f"device used ({device_name})" if device_name else "device used")
     ax_dev.set_ylabel("device memory (MiB)")
@@ -346,7 +306,6 @@ def _draw_device(
 
 
 def _draw_host(tl: _Timeline, cap_gib: Any, title: str) -> None:
-    """The host panel: PSS, cgroup memory.current, RSS, anonymous memory and the host cap."""
     ax_host = tl.axes[-1]
     host_drew = _series(tl, ax_host, "host_pss_mib", "host PSS (process tree)")
     host_drew |= _series(tl, ax_host, "cgroup_current_mib", "cgroup memory.current", ls="-.")
