@@ -187,7 +187,6 @@ def _leak(name: str, value: float, lower: float) -> dict[str, Any]:
     return {"name": name, "value": v, "lower95": json_float(lower), "measured": v is not None}
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: ColdWarmParams) -> ResultBundle:
     """:func:`cold_vs_warm` with the params section."""
     caps = p.caps.to_caps() if p.caps else None

@@ -217,7 +217,6 @@ def find_min_budget(
     return {"min_gib": hi, "probes": probes, "note": f"smallest passing cap within {resolution_gib} GiB"}
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: MemoryBudgetParams) -> ResultBundle:
     """:func:`memory_budget` with the params section."""
     mb = p.min_budget.model_dump() if p.min_budget else None

@@ -166,7 +166,6 @@ def offload_modes(
     return assemble(NAME, launches, params, results, caps=[caps] * len(launches))
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: OffloadModesParams) -> ResultBundle:
     """:func:`offload_modes` with the params section."""
     caps = p.caps.to_caps() if p.caps else None

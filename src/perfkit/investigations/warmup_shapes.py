@@ -121,7 +121,6 @@ def warmup_shapes(
     )
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: WarmupShapesParams) -> ResultBundle:
     """:func:`warmup_shapes` with the params section."""
     return warmup_shapes(ctx.engine, **run_kwargs(ctx, p, NAME))
