@@ -108,10 +108,6 @@ class OffloadModesInvariants(registry.InvariantParams):
     offload_vram_order: Optional[bool] = True
 
 
-def _label(mode: str) -> str:
-    return f"offload-{mode}"
-
-
 def offload_modes(
     spec: EngineSpec,
     modes: list[str] | None = None,
@@ -137,7 +133,7 @@ def offload_modes(
     launches: list[LaunchData] = []
     entries: list[dict[str, Any]] = []
     for mode in modes:
-        label = _label(mode)
+        label = f"offload-{mode}"
         entries.append(e := {"mode": mode, "label": label, "reused_from": None})
         specs = _mode_specs(spec, mode, caps)
         if not specs:
@@ -354,7 +350,7 @@ def reading(r: Mapping[str, Any]) -> str:
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
     """One case per mode that ran, suffix ``_offload-<mode>``."""
     ran = [e for e in (bundle.results or {}).get("modes") or [] if e.get("status") == RAN]
-    by = {f"_offload-{e.get('mode')}": e.get("label") or _label(e.get("mode")) for e in ran}
+    by = {f"_offload-{e.get('mode')}": e.get("label") or f"offload-{e.get('mode')}" for e in ran}
     return common.steady_cases(bundle, case_id, by)
 
 
