@@ -116,17 +116,13 @@ def run_phases(
                 out += [("open", rate, o, request) for o in await open_loop(c, specs, arrivals)]
         return out, c.lost_why
 
-    return _run_coroutine(go)
-
-
-def _run_coroutine(make: Any) -> Any:
-    """``asyncio.run(make())``, inside a running event loop on a thread of its own."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(make())
+        return asyncio.run(go())
+    # inside a running event loop (a notebook): on a thread of its own
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="perfkit-load") as ex:
-        return ex.submit(lambda: asyncio.run(make())).result()
+        return ex.submit(lambda: asyncio.run(go())).result()
 
 
 def _timing(phase: str, level: Any, o: RequestOutcome) -> dict[str, Any]:
