@@ -1,5 +1,5 @@
-"""Cold vs warm (seed case 000): one launch, its cold start and N identical requests, request 0
-the cold one; the first-request penalty per stage and leak checks across the warm requests."""
+"""Cold vs warm (seed case 000): one launch, N identical requests (request 0 the cold one); the
+first-request penalty per stage and leak checks across the warm requests (docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,12 @@ from perfkit.measuring.profiled import (
 log = logging.getLogger(__name__)
 
 NAME = "cold_warm"
-#: leak check name -> the invariant key holding its maximum (limits: :class:`ColdWarmInvariants`)
+#: leak check name -> its invariant key
 LEAK_CHECKS = {
     "host_anon_slope_mib_per_request": "host_anon_slope_mib_per_request_max",
     "device_reserved_slope_mib_per_request": "device_reserved_slope_mib_per_request_max",
     "latency_drift": "latency_drift_max",
 }
-#: where a leak check's lower bound comes from (:func:`perfkit.stats.slope_lower_bound`)
 _LEAK_NOISE = "lower bound: the least-squares slope over the warm requests, one-sided 95 %"
 #: the leak checks a CUDA allocator snapshot explains (device memory only)
 SITE_CHECKS = ("device_reserved_slope_mib_per_request",)
@@ -53,33 +52,28 @@ class ColdWarmParams(registry.InvestigationParams):
     repeats: int = Field(5, ge=2, le=1000)
     #: memory budget of the launch (None: no cap)
     caps: Optional[registry.CapParams] = None
-    #: profiler traces of extra requests (sglang's profiling fields) in an extra launch after
-    #: the measured one: None (default) profiles nothing
+    #: profiler traces of a cold and a warm request in an extra launch
     profile: Optional[ProfileParams] = None
-    #: CUDA allocator snapshots after the cold request and warm request k, read into the
-    #: ``memory_sites`` table (what grew, allocated where); None (default): none
+    #: CUDA allocator snapshots after the cold request and warm request k (``memory_sites``)
     snapshot: Optional[SnapshotParams] = None
 
 
 class ColdWarmInvariants(registry.InvariantParams):
-    """Within-run invariants of cold vs warm (docs/suite.md, "Measurement rules": gate on ratios within one run)."""
+    """Within-run invariants of cold vs warm (docs/suite.md, "Measurement rules")."""
 
-    #: warm median / cold request must not exceed this (warm requests slower than the cold one:
-    #: state leaks across requests). Fails only when the ratio's one-sided 95 % lower bound
-    #: (``warm_cold_ratio_lower95``) is above it too; over it with the bound under: inconclusive
+    #: warm median / cold request (judged with ``warm_cold_ratio_lower95``)
     warm_cold_ratio_max: Optional[float] = 1.0
     warm_cold_ratio_min: Optional[float] = None
     #: slope of host anonymous memory over warm requests (MiB per request)
     host_anon_slope_mib_per_request_max: Optional[float] = 16.0
     #: slope of device memory reserved over warm requests (MiB per request)
     device_reserved_slope_mib_per_request_max: Optional[float] = 16.0
-    #: (last warm - second request) / second request (fraction). Each leak check fails only when
-    #: its ``lower95`` (the least-squares slope's one-sided 95 % bound) is over the limit too
+    #: (last warm - second request) / second request (fraction)
     latency_drift_max: Optional[float] = 0.25
 
 
 def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame, repeats: int) -> None:
-    """Add the session's numbers to ``results`` (see :func:`cold_vs_warm`), or why none (``error``)."""
+    """Add the session's numbers to ``results``, or why none (``error``)."""
     ok = df[df["status"] == "completed"] if not df.empty else df
     results["completed"] = int(len(ok))
     if len(ok) >= 2 and ok["index"].iloc[0] == 0:
@@ -93,9 +87,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
                 "cold_warm_ratio": cold / wmed,
                 "warm_cold_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci(warm, [cold])],
                 "cold_warm_ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([cold], warm)],
-                # the noise margin of "warm <= cold": warm is slower only when this bound is
                 "warm_cold_ratio_lower95": json_float(stats.ratio_lower_bound_single_reference(warm, cold)),
-                # None: the engine reports no compile counts (sglang), never 0
                 "cold_compiles": reported_count(ok["compiles"].iloc[0]),
                 "warm_compiles": reported_sum(ok["compiles"].iloc[1:], count=True),
                 "penalty_ms": pen,
@@ -111,7 +103,6 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
             y = warm_rows[col].to_numpy(float)
             checks.append(_leak(name, stats.slope_per_index(y), stats.slope_lower_bound(y)))
         if len(ok) >= 3:
-            # the drift a steady rise at the slope's lower bound gives from the second request on
             y = warm_rows["e2e_ms"].to_numpy(float)
             second, last = float(y[0]), float(y[-1])
             lower = stats.slope_lower_bound(y) * (len(y) - 1) / second
@@ -119,7 +110,7 @@ def _session_results(results: dict[str, Any], data: LaunchData, df: pd.DataFrame
         results["leak_checks"] = checks
     else:
         results["leak_checks"] = []
-        if not results["error"]:  # the engine ran but refused or failed the requests: say why
+        if not results["error"]:
             results["error"] = _request_error(data, df, repeats)
         log.error("cold_vs_warm: fewer than 2 completed requests (%s)", results["error"])
 
@@ -134,26 +125,8 @@ def cold_vs_warm(
     profile: ProfileParams | dict | None = None,
     snapshot: SnapshotParams | dict | None = None,
 ) -> ResultBundle:
-    """Run the cold vs warm investigation.
-
-    Args:
-        request: the request sent ``repeats`` times (same shape, same session).
-        repeats: requests in the session (>= 2: one cold, the rest warm).
-        profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
-            an extra launch after the measured one whose traces fill the bundle's ``traces``
-            table and ``traces/``; nothing measured reads them.
-
-    Returns:
-        A ResultBundle (investigation ``cold_warm``) whose results hold ``cold_ms``, ``warm_median_ms``,
-        ``warm_cold_ratio`` (warm median / cold) and ``cold_warm_ratio`` (cold / warm median)
-        with 95 % bootstrap intervals, ``penalty_ms`` per stage, ``penalty_stage``,
-        ``cold_compiles`` / ``warm_compiles`` (the cold request's compiles, the warm requests'
-        sum; None when the engine reports no compile counts, as sglang's records do not),
-        ``cold_start`` (s) and ``leak_checks`` (name, value; judged by :func:`checks`).
-
-    Raises:
-        ValueError: repeats < 2.
-    """
+    """The ``cold_warm`` bundle: one session of ``repeats`` requests (results keys: docs/suite.md,
+    "Results"). Raises ValueError: repeats < 2."""
     if repeats < 2:
         raise ValueError(f"cold_vs_warm: repeats must be >= 2 (one cold + warm), got {repeats}")
     req = as_request(request)
@@ -174,7 +147,6 @@ def cold_vs_warm(
             ).split()
         },
     }
-    # where each part came from, or why it is not reported (perfkit.engine.handle.cold_start_parts)
     results["cold_start"]["sources"] = data.launch_row.get("cold_start_sources")
     _session_results(results, data, df, repeats)
     params = {"spec": spec.to_dict(), "request": req.payload(), "repeats": repeats}
@@ -196,7 +168,7 @@ def cold_vs_warm(
 
 
 def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
-    """Why fewer than 2 requests completed: the first failed request's error (an HTTP 400's text)."""
+    """Why fewer than 2 requests completed: the first failed request's error."""
     done = int((df["status"] == "completed").sum()) if not df.empty and "status" in df else 0
     head = f"{done} of {repeats} requests completed"
     for i, out in enumerate(data.outcomes):
@@ -211,21 +183,18 @@ def _request_error(data: Any, df: pd.DataFrame, repeats: int) -> str:
 
 
 def _leak(name: str, value: float, lower: float) -> dict[str, Any]:
-    """A leak check's entry: its value and ``lower95`` (at the slope's one-sided 95 % lower bound)."""
     v = json_float(value)
     return {"name": name, "value": v, "lower95": json_float(lower), "measured": v is not None}
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: ColdWarmParams) -> ResultBundle:
-    """The registry's ``run``: :func:`cold_vs_warm` with the params section."""
+    """:func:`cold_vs_warm` with the params section."""
     caps = p.caps.to_caps() if p.caps else None
     return cold_vs_warm(ctx.engine, **run_kwargs(ctx, p, NAME, reuse=False, caps=caps))
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when the bundle has an error or no cold/warm numbers
-    (naming the results keys that are missing or null)."""
+    """Raises InvestigationError: an error, or no cold/warm numbers (naming the missing keys)."""
     r = bundle.results or {}
     missing = " and ".join(k for k in ("cold_ms", "warm_median_ms") if r.get(k) is None)
     if r.get("error") or missing:
@@ -262,8 +231,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
     for name, key in LEAK_CHECKS.items():
         if key in inv:
             chk = leaks.get(name)
-            # a device leak verdict comes with its top allocation sites (when snapshots were
-            # taken); host memory and latency are not what a CUDA allocator snapshot covers
+            # only a device leak comes with its top allocation sites
             what = str(chk.get("sites") or "") if chk and name in SITE_CHECKS else ""
             chk = chk or {}
             rows.append(
@@ -275,8 +243,6 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
-    """Cold start (ready, time to first result), cold request, warm median, warm/cold ratio,
-    penalty stage."""
     cs = r.get("cold_start") or {}
     return [
         registry.KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
@@ -289,14 +255,11 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
 
 
 def _count_text(n: Any) -> Any:
-    """A compile count as written, or "not reported" (None: the engine reports none)."""
     return NOT_REPORTED if n is None else n
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """metric/value rows: cold start parts, cold and warm ms, ratio and CI, penalty stage, compile
-    counts of the cold and the warm requests ("not reported" when the engine reports none),
-    penalty per stage."""
+    """metric/value rows (s, ms; compiles "not reported" when the engine reports none)."""
     cs = r.get("cold_start") or {}
     ci = r.get("warm_cold_ratio_ci") or [None, None]
     iqr = r.get("warm_iqr_ms") or [None, None]
@@ -326,7 +289,6 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """A few sentences of Markdown: cold start parts, cold vs warm, where the penalty sits."""
     ci = r.get("warm_cold_ratio_ci") or [None, None]
     cs = r.get("cold_start") or {}
     pen = r.get("penalty_ms") or {}
@@ -400,9 +362,7 @@ def reading(r: Mapping[str, Any]) -> str:
 
 
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    """One baseline case, ``<preset>_<F>f_<H>x<W>_<S>s_w<warmup>``: every measured request, the
-    worst kept (sglang's baseline dump), except an uncovered cold request (its shape setup is the
-    finding, gated by the invariants, not the steady state a baseline holds)."""
+    """One baseline case, ``<preset>_<F>f_<H>x<W>_<S>s_w<warmup>``: the session's steady state."""
     if bundle.measured_requests().empty:
         return {}
     return {case_id(): steady_state(bundle)}

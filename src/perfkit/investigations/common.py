@@ -1,9 +1,6 @@
-"""Helpers the investigations share: ``run``'s arguments, a launch measured or reused, its peaks
-and latencies, a first request against the warm ones, split parts joined, baseline cases, the
-columns of a summary table; and what an investigation declares beyond measuring (fields of
-:class:`perfkit.investigations.registry.Investigation`; docs/DESIGN.md, "Where things go"): its
-notebook cells and the cell texts several share, its figures, its ``perfkit figures`` block kinds
-and its ``python -m perfkit.measure`` options. Measuring one launch lives in :mod:`perfkit.measuring`."""
+"""Helpers the investigations share (a launch measured or reused, its peaks and latencies, split
+parts joined, baseline cases) and what an investigation declares beyond measuring: notebook
+cells, figures, ``perfkit figures`` block kinds, measure options (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ NAN = math.nan
 
 
 def as_request(request: VideoRequestSpec | Mapping[str, Any] | None) -> VideoRequestSpec:
-    """``request`` as a :class:`VideoRequestSpec` (a params mapping or None: ``from_dict``)."""
+    """``request`` as a :class:`VideoRequestSpec`."""
     return request if isinstance(request, VideoRequestSpec) else VideoRequestSpec.from_dict(request or {})
 
 
@@ -39,9 +36,8 @@ def mib(v: Any) -> str:
 def first_vs_warm(
     ok: pd.DataFrame, stages: pd.DataFrame
 ) -> tuple[float, np.ndarray, float, dict, str | None]:
-    """The first of the completed rows ``ok`` against the rest (warm): (its e2e, the warm e2e,
-    their median, its extra time per stage: first - median warm, None where no warm request ran
-    the stage; the stage holding most of it or None), ms."""
+    """The first completed row against the rest, ms: (its e2e, the warm e2e, their median, its
+    extra time per stage (None: no warm request ran it), the stage holding most of it)."""
     pen: dict[str, float] = {}
     if not stages.empty:
         ids = ok["request_id"]
@@ -56,8 +52,7 @@ def first_vs_warm(
 
 
 def warm_stage_medians(stages: pd.DataFrame, warm_ids: Iterable[str]) -> pd.Series:
-    """Stage -> the median over the requests ``warm_ids`` of each one's ms in it (summed where
-    a stage repeats), in the order the stages ran; empty without stage rows."""
+    """Stage -> the median over ``warm_ids`` of each request's ms in it, in run order."""
     if stages.empty:
         return pd.Series(dtype=float)
     warm = stages[stages["request_id"].isin(list(warm_ids))]
@@ -67,9 +62,8 @@ def warm_stage_medians(stages: pd.DataFrame, warm_ids: Iterable[str]) -> pd.Seri
 def reuse_or_launch(
     reuse: Any, specs: list, requests: list, run_dir: Any, label: str, **kw: Any
 ) -> LaunchData:
-    """The launch ``label`` of ``requests``: one a ``reuse`` bundle ran with one of ``specs``
-    under ``kw["caps"]`` (:func:`~perfkit.measuring.assemble.reuse_launch`; its row's
-    ``reused_from`` says which), else a new launch of ``specs[0]`` (``kw``: measure_launch's)."""
+    """The launch ``label``: one a ``reuse`` bundle ran with one of ``specs`` under
+    ``kw["caps"]``, else a new launch of ``specs[0]`` (``kw``: measure_launch's)."""
     for spec in specs:
         data = reuse_launch(reuse, spec, requests[0], len(requests), label, caps=kw.get("caps"))
         if data is not None:
@@ -85,8 +79,7 @@ def request_errors(df: pd.DataFrame) -> str:
 def snapshot_spec(
     spec: EngineSpec, snapshot: SnapshotParams | Mapping[str, Any] | None, repeats: int
 ) -> tuple[EngineSpec, SnapshotParams | None, str | None]:
-    """(``spec`` with the allocator snapshot flags set where asked, the params as a model, why
-    no snapshots: :func:`~perfkit.measuring.profiled.ask_engine`'s reason or None)."""
+    """(``spec`` with the allocator snapshot flags set where asked, the params, why none or None)."""
     snapshot = SnapshotParams.model_validate(snapshot) if isinstance(snapshot, Mapping) else snapshot
     if snapshot is None or repeats < 2:
         return spec, snapshot, None
@@ -97,8 +90,7 @@ def snapshot_spec(
 def snapshot_sites(
     data: LaunchData, snapshot: SnapshotParams, repeats: int, why_not: str | None
 ) -> tuple[dict[str, Any], tuple[pd.DataFrame, dict[str, Path]]]:
-    """(the launch's ``memory_sites`` results entry, its table and snapshot files for
-    :func:`attach_sites`): :func:`~perfkit.measuring.profiled.collect`."""
+    """(the launch's ``memory_sites`` results entry, (its table, snapshot files))."""
     if repeats < 2:
         return {"status": "needs repeats >= 2 (a cold and a warm request)"}, (pd.DataFrame(), {})
     table, entry, files = collect(data, snapshot, repeats, why_not)
@@ -116,10 +108,8 @@ def attach_sites(bundle: ResultBundle, collected: list[tuple[pd.DataFrame, dict[
 
 
 def launch_numbers(data: LaunchData) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """(the sent request rows, the completed ones, their numbers): device peaks of the requests
-    and the model load, host peaks (anon summed per process; PSS of the engine's tree: pinned
-    offload buffers count there), the cgroup's peak (MiB), ``cold_ms`` (the first completed
-    request) and ``warm_ms`` (the median of the rest; None with fewer than 2)."""
+    """(the sent request rows, the completed ones, their numbers): device, host and cgroup
+    peaks (MiB), ``cold_ms`` (the first completed) and ``warm_ms`` (the median of the rest)."""
     df = data.sent_rows()
     ok = df[df["status"] == "completed"] if not df.empty else df
     lr, n = data.launch_row, len(ok)
@@ -137,17 +127,16 @@ def launch_numbers(data: LaunchData) -> tuple[pd.DataFrame, pd.DataFrame, dict[s
 
 
 def run_kwargs(ctx: Any, p: Any, name: str, reuse: bool = True, **changes: Any) -> dict[str, Any]:
-    """An investigation function's keyword arguments in the registry's ``run``: ``request``,
-    ``run_dir`` (``work_dir / name``), ``reuse`` (the run's earlier bundles, or None) and the
-    params section's own fields (nested models as they are), ``changes`` over them."""
+    """An investigation function's keyword arguments: ``request``, ``run_dir``, ``reuse`` and the
+    params section's own fields, ``changes`` over them."""
     own = {k: v for k, v in p if k not in ("enabled", "tier")}
     shared = {"reuse": list(ctx.shared.values()) or None} if reuse else {}
     return {"request": ctx.request, "run_dir": ctx.work_dir / name, **shared, **own, **changes}
 
 
 def join_params(parts: list[ResultBundle], key: str, asked: list, entries: str) -> tuple[dict, list]:
-    """(the first part's params with ``key`` = ``asked``, the parts' results ``entries`` in
-    order). Raises ValueError when the parts' ``key`` lists in order are not ``asked``."""
+    """(the first part's params with ``key`` = ``asked``, the parts' results ``entries``).
+    Raises ValueError: the parts' ``key`` lists in order are not ``asked``."""
     got = [x for b in parts for x in (b.meta.get("params") or {}).get(key) or []]
     if got != asked:
         raise ValueError(f"{parts[0].investigation}: parts measured {key} {got}, the params ask for {asked}")
@@ -156,24 +145,19 @@ def join_params(parts: list[ResultBundle], key: str, asked: list, entries: str) 
 
 
 def steady_cases(bundle: ResultBundle, case_id: Any, launches: Mapping[str, Any]) -> dict[str, ResultBundle]:
-    """Baseline cases, one per launch (``launches``: case id suffix -> launch label): its steady
-    state (:func:`perfkit.bundle.steady_state`) where that holds a measured request."""
+    """Baseline cases, one per launch (case id suffix -> launch label): its steady state."""
     if bundle.requests.empty:
         return {}
     cases = {case_id(suffix=k): steady_state(bundle, launch=la) for k, la in launches.items()}
     return {k: b for k, b in cases.items() if not b.measured_requests().empty}
 
 
-#: the header of a host-anon peak column: anonymous RSS summed over the processes of the engine's
-#: tree counts a page shared copy-on-write by forked processes once per process (a 400 MiB block
-#: in a parent and two forked children sums to 1,200 MiB); the tree's memory once is its PSS
+#: the header of a host-anon peak column (a page shared by forked processes counts once each)
 ANON_SUM_LABEL = "host anon peak, summed per process (MiB)"
 
 
 def host_peak_text(c: Mapping[str, Any]) -> str:
-    """``host PSS peak 412 MiB`` (the tree's memory, shared pages once) from ``host_pss_peak_mib``;
-    where PSS was not read (an older bundle, a kernel without smaps_rollup) the summed anon
-    peak, saying so."""
+    """``host PSS peak 412 MiB``, else the summed anon peak, saying so."""
     pss, anon = json_float(c.get("host_pss_peak_mib")), json_float(c.get("host_anon_peak_mib"))
     if pss is not None:
         return f"host PSS peak {mib(pss)}"
@@ -183,8 +167,7 @@ def host_peak_text(c: Mapping[str, Any]) -> str:
 
 
 def peak_mib(memory: pd.DataFrame, col: str, launch_peak: Any = None) -> float | None:
-    """The larger of a memory column's sampled maximum and the launch row's peak (MiB); None
-    when neither was measured (never 0)."""
+    """The larger of a memory column's sampled maximum and the launch row's peak (MiB), or None."""
     vals = [json_float(launch_peak)]
     if memory is not None and not memory.empty and col in memory:
         vals.append(json_float(pd.to_numeric(memory[col], errors="coerce").max()))
@@ -195,8 +178,7 @@ def peak_mib(memory: pd.DataFrame, col: str, launch_peak: Any = None) -> float |
 def pick_columns(
     df: pd.DataFrame, columns: Iterable[str], sparse: Iterable[str] = ("error",)
 ) -> pd.DataFrame:
-    """The listed ``columns`` that ``df`` has, in that order; a ``sparse`` column (an error, a
-    clamp) only when some row has a value. The full rows stay in results.json."""
+    """The listed ``columns`` that ``df`` has; a ``sparse`` one only when some row has a value."""
     if df.empty:
         return df
     keep = [c for c in columns if c in df.columns]
@@ -215,25 +197,17 @@ class Cell:
 
 
 def md(source: str) -> Cell:
-    """A Markdown cell."""
     return Cell("markdown", source)
 
 
 def code(source: str) -> Cell:
-    """A code cell."""
     return Cell("code", source)
 
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure kind an investigation owns.
-
-    Attributes:
-        kind: its name, unique across investigations (``"load-latency"``).
-        title: the heading its notebook shows above it.
-        draw: ``(bundle) -> matplotlib.figure.Figure``; raises ValueError when the bundle
-            holds nothing to draw.
-    """
+    """A figure kind an investigation owns: ``draw(bundle)`` returns a matplotlib Figure and
+    raises ValueError when the bundle holds nothing to draw."""
 
     kind: str
     title: str
@@ -242,18 +216,9 @@ class Figure:
 
 @dataclass(frozen=True)
 class MeasureOption:
-    """A ``python -m perfkit.measure`` option an investigation declares.
-
-    Attributes:
-        flag: the option (``"--overhead-pairs"``); its value reaches :attr:`jobs` by the
-            flag's Python name (``overhead_pairs``).
-        help: its help text.
-        jobs: ``(value, params section, engine spec) -> [(name suffix, section, spec)]``: the
-            jobs the investigation runs when the option is given (the default, option absent,
-            is ``[("", section, spec)]``); a job runs when its section is enabled.
-        is_flag: a switch (True/False) rather than a count.
-        minimum: the smallest count accepted (counts only).
-    """
+    """A ``python -m perfkit.measure`` option an investigation declares. ``jobs(value, params
+    section, spec) -> [(name suffix, section, spec)]``: the jobs run when it is given (absent:
+    ``[("", section, spec)]``); a job runs when its section is enabled."""
 
     flag: str
     help: str
@@ -269,11 +234,8 @@ class MeasureOption:
 
 @dataclass(frozen=True)
 class DocBlock:
-    """A ``perfkit figures`` block kind an investigation adds (``kind=<name>``): ``src`` a
-    comma-separated list of bundles directories, each holding this investigation's
-    ``results.json``; ``combine(results list, names) -> results`` makes one results dict of
-    them (raising :class:`~perfkit.investigations.registry.InvestigationError` when they do not combine),
-    rendered as the investigation's ``full`` figures."""
+    """A ``perfkit figures`` block kind: ``combine(results list, names) -> results`` makes one
+    results dict of the ``src`` bundles' (raising InvestigationError), rendered as ``full``."""
 
     combine: Callable[[list[Mapping[str, Any]], list[str]], Mapping[str, Any]]
     #: what the footer says was done (``"launches pooled"``)
@@ -283,8 +245,7 @@ class DocBlock:
 def headline(
     name: str, title: str = "Headline numbers", keep: str = "", transpose: bool = True
 ) -> tuple[Cell, ...]:
-    """Investigation ``name``'s first cells: the heading ``title``, then its summary table (kept
-    in variable ``keep`` for later cells when given) and its reading."""
+    """The heading ``title``, then the summary table (kept in variable ``keep``) and reading."""
     table = f'summary_frame("{name}", results)'
     shown = f"{keep} = {table}\nshow_table({keep}" if keep else f"show_table({table}"
     shown += ")" if transpose else ", transpose=False)"

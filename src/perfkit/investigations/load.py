@@ -1,7 +1,5 @@
-"""Serving under load: queueing, throughput, p99, SLO attainment, memory under concurrency, and
-whether the startup warmup covers a real request trace. One launch: the trace, the warm-up
-requests (the SLO base), the closed-loop levels, the open loop; see docs/load.md.
-"""
+"""Serving under load: one launch of a trace, warm-up requests, closed-loop levels and an open
+loop; queueing, throughput, p99, SLO attainment, memory, a trace's warmup coverage (docs/load.md)."""
 
 from __future__ import annotations
 
@@ -70,8 +68,6 @@ class LoadParams(registry.InvestigationParams):
 
     @model_validator(mode="after")
     def _levels_fill(self) -> "LoadParams":
-        # a level of k requests in flight needs at least k requests: above that it never
-        # reaches k in flight, and its queue wait has no steady request to be judged by
         over = [k for k in self.concurrency if k > self.requests_per_level]
         if over:
             raise ValueError(
@@ -86,8 +82,7 @@ class LoadParams(registry.InvestigationParams):
 class LoadInvariants(registry.InvariantParams):
     """Within-run limits of serving under load (None: reported, not gated)."""
 
-    #: peak device or host memory (MiB) of any level above the first level's: the 5090 case
-    #: (seed 000) checked that concurrent requests keep GPU and host memory flat
+    #: peak device or host memory (MiB) of any level above the first level's (seed 000)
     load_memory_growth_max_mib: Optional[float] = 256.0
     #: |median queue wait − (k − 1) × median service| / ((k − 1) × median service), per level
     #: k >= 2 (one-at-a-time serving); set it for an engine that should queue, not batch
@@ -96,13 +91,8 @@ class LoadInvariants(registry.InvariantParams):
     load_throughput_min_ratio: Optional[float] = None
     #: share of each level's requests within the SLO, at least
     load_slo_attainment_min: Optional[float] = Field(None, le=1.0)
-    #: requests of any phase that did not complete (failed, rejected, timed out, engine lost),
-    #: at most: a level's quantiles are over its completed requests only, so a request that
-    #: hung or an engine that died mid-level is a failed check, not a shorter p99
+    #: requests of any phase that did not complete (failed, rejected, timed out, engine lost)
     load_failed_requests_max: Optional[int] = 0
-
-
-# ------------------------------------------------------------------------------- measuring
 
 
 def _queue_verdict(ol: dict[str, Any]) -> str:
@@ -115,11 +105,8 @@ def _queue_verdict(ol: dict[str, Any]) -> str:
 
 
 def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
-    """One launch: trace, warm-up, closed-loop levels, open loop (docs/load.md).
-
-    Raises:
-        InvestigationError: the trace file cannot be read (naming the file, line and key).
-    """
+    """One launch: trace, warm-up, closed-loop levels, open loop. Raises InvestigationError:
+    the trace file cannot be read (naming the file, line and key)."""
     trace = read_trace(p.trace, ctx.request) if p.trace else []
     timeout_s = float(ctx.engine.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S)
     holder: dict[str, Any] = {}
@@ -141,7 +128,7 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
     data.stages += st_rows
     data.steps += sp_rows
     results: dict[str, Any] = {
-        "error": data.error,  # a start error, a cap kill, the engine lost mid-level (exit 2)
+        "error": data.error,
         "per_request": rows,
         "slo_ms_given": p.slo_ms,
         "slo_scale": p.slo_scale,
@@ -167,10 +154,8 @@ def run(ctx: registry.RunContext, p: LoadParams) -> ResultBundle:
 def engine_lost(
     launch: Mapping[str, Any], rows: list[Mapping[str, Any]], stalled: str | None = None
 ) -> str | None:
-    """The error of an engine that ended by itself (not by perfkit's teardown), or stopped
-    answering (``stalled``: the client's why), with requests not completed: how it ended, then
-    each phase and level's requests not completed by their index in the level
-    (``concurrency 2: requests 3-7``); None otherwise."""
+    """The error of an engine that ended by itself or stopped answering (``stalled``) with
+    requests not completed: how, then each level's by index (``concurrency 2: requests 3-7``)."""
     bad = [r for r in rows if r.get("status") != "completed"]
     if (launch.get("end_by_perfkit") is not False and not stalled) or not bad:
         return None
@@ -195,21 +180,18 @@ def _ranges(ix: list[int], most: int = 20) -> str:
 
 
 def _by_level(rows: list[Mapping[str, Any]]) -> dict[tuple[Any, Any], list[Mapping[str, Any]]]:
-    """The rows grouped by (phase, level), in order of first appearance."""
     groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r.get("phase"), r.get("level")), []).append(r)
     return groups
 
 
-# ------------------------------------------------------------------------------- registry entry
 def _where(phase: str, level: Any) -> str:
     return {"closed": f"concurrency {level}", "open": "the open loop"}.get(phase, f"the {phase}")
 
 
 def not_completed(r: Mapping[str, Any]) -> list[str]:
-    """One sentence per phase and level with requests that did not complete, naming how many
-    and the first of them (its index in the level, request id, status and error)."""
+    """One sentence per level with requests that did not complete, naming the first of them."""
     out = []
     for (phase, level), rows in _by_level(r.get("per_request") or []).items():
         bad = [x for x in rows if x.get("status") != "completed"]
@@ -225,8 +207,7 @@ def not_completed(r: Mapping[str, Any]) -> list[str]:
 
 
 def _failed(r: Mapping[str, Any]) -> int | None:
-    """Requests not completed (bundles before ``failed_requests``: counted from ``per_request``);
-    None for a value that is no count of the run's requests (:func:`check_bundle` names it)."""
+    """Requests not completed (older bundles: counted from ``per_request``); None for a bad count."""
     if r.get("failed_requests") is not None:
         return None if _bad_count(r) else int(r["failed_requests"])
     rows = r.get("per_request") or []
@@ -234,15 +215,13 @@ def _failed(r: Mapping[str, Any]) -> int | None:
 
 
 def _bad_count(r: Mapping[str, Any]) -> str | None:
-    """Why ``failed_requests`` is not a count of 0..requests (None: it is, or it is absent)."""
     v, n = r.get("failed_requests"), r.get("requests") or len(r.get("per_request") or [])
     ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= n
     return None if v is None or ok else f"results.failed_requests: {v!r} is not a count of 0..{n} requests"
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when no request of any phase completed, or a row of
-    ``per_request`` is not what the summaries read (naming the bundle, the row and the key)."""
+    """Raises InvestigationError: an error, a bad row or count, or no request completed."""
     r = bundle.results or {}
     check_rows(r.get("per_request") or [], source=f"{NAME} ({bundle.path or 'bundle'}): results")
     if r.get("error"):
@@ -254,10 +233,8 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
-    """Memory growth over the levels; per level k >= 2 the queue model and throughput ratio;
-    per level the SLO attainment (each only when its invariant is set)."""
     rows: list[Check] = []
-    inv = {k: v for k, v in inv.items() if v is not None}  # None: reported, not gated
+    inv = {k: v for k, v in inv.items() if v is not None}
     levels = r.get("levels") or []
     if "load_memory_growth_max_mib" in inv:
         host = (
@@ -290,7 +267,6 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
-    """Throughput and p99 at the first and last level, SLO, memory growth, open-loop queue."""
     levels = r.get("levels") or []
     out = []
     for lv in levels[:1] + levels[1:][-1:]:
@@ -317,8 +293,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
 
 
 def p99_text(lv: Mapping[str, Any]) -> str:
-    """A level's p99 as the headline quotes it: ``"3,358 ms [3,352, 3,380] of 400 requests"``
-    when its interval is bounded, else ``"not bounded by 8 requests (368 needed); p50 ..."``."""
+    """``"3,358 ms [3,352, 3,380] of 400 requests"``, or ``"not bounded by 8 requests ..."``."""
     n, (lo, hi) = lv.get("completed"), (lv.get("p99_ci") or [None, None])[:2]
     if lv.get("p99_ms") is not None and lo is not None and hi is not None:
         return f"{lv['p99_ms']:,.0f} ms {_ci_text([lo, hi])} of {n} requests"
@@ -333,8 +308,7 @@ def _ci_text(ci: Any) -> str:
     return f"[{fmt(lo, '.0f')}, {fmt(hi, '.0f', missing='unbounded')}]"
 
 
-#: summary_table's columns after ``level`` and ``requests`` (a level's keys; ``p99_interval_ms``
-#: is its ``p99_ci`` as text)
+#: summary_table's columns after ``level`` and ``requests``
 _SUMMARY_COLUMNS = (
     "completed queue_wait_ms queue_wait_steady_ms queue_wait_expected_ms service_ms p50_ms p90_ms p99_ms "
     "p99_interval_ms throughput_vpm engine_idle_share goodput_vpm slo_attainment device_peak_mib host_peak_mib"
@@ -342,9 +316,7 @@ _SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per closed-loop level (and the open loop): requests, queue wait, service time,
-    e2e p50/p90/p99 (ms) with intervals, throughput and goodput (videos/min), SLO attainment,
-    peak memory (MiB)."""
+    """One row per closed-loop level and the open loop (ms, videos/min, MiB)."""
     rows = []
     for lv in [*(r.get("levels") or []), *([r["open_loop"]] if r.get("open_loop") else [])]:
         level = f"c{lv['concurrency']}" if "concurrency" in lv else f"open {lv['rate_rps']:.2f}/s"
@@ -354,7 +326,6 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """What the levels, the open loop and the trace say, in the design doc's words."""
     lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     lines += [
         "",
@@ -392,7 +363,6 @@ def reading(r: Mapping[str, Any]) -> str:
             _queue_verdict(ol), f"growth of the queue is {_queue_verdict(ol)}"
         )
         cap, drawn = ol.get("capacity_rps"), ol.get("arrival_rate_rps")
-        # the asked and the drawn rate can sit on either side of the capacity (a short draw)
         side = {
             (True, True): "both above it",
             (False, False): "neither above it",
@@ -428,7 +398,7 @@ def reading(r: Mapping[str, Any]) -> str:
 
 
 def plan(p: LoadParams) -> list[int]:
-    """Requests of the one launch (the trace's are not known before it is read: not counted)."""
+    """Requests of the one launch (the trace's not counted)."""
     opened = p.open_loop_requests if (p.rate_rps or p.rate_over_capacity) else 0
     return [p.warmup_requests + len(p.concurrency) * p.requests_per_level + opened]
 
@@ -484,8 +454,7 @@ SECTION_INTRO = (
 )
 
 
-# no ``cases`` (the registry's default: none): requests overlap, per-request stage times are not
-# sglang's baseline cases
+# no ``cases``: overlapping requests' stage times are not sglang's baseline cases
 INVESTIGATION = registry.register_module(
     globals(),
     order=80,

@@ -1,8 +1,6 @@
-"""The load investigation's measuring half: the request trace read (JSONL, vllm-omni's fields;
-refusals name file, line and key), its phases run through the async client (on a thread of their
-own inside a running event loop), and each request joined with the engine's record into one
-``per_request`` row (the job JSON's ``completed_at``, whole seconds, and ``inference_time_s`` as
-``job_completed_at_s``/``job_inference_ms``, None where absent). See docs/load.md."""
+"""The load investigation's measuring half: the request trace read, its phases run through the
+async client, each request joined with the engine's record into one ``per_request`` row
+(docs/load.md)."""
 
 from __future__ import annotations
 
@@ -26,9 +24,7 @@ from perfkit.investigations.registry import InvestigationError
 from perfkit.measuring.launch_rows import record_rows
 from perfkit.readings.records import parse_lines
 
-#: at most this many lines (a trace is a sample of a day's requests, replayed in one launch)
 _MAX_LINES = 100_000
-#: at most this many bytes (100,000 lines of about 300 bytes)
 MAX_BYTES = 32 * 2**20
 #: the widest or tallest frame a trace line may ask (pixels)
 _MAX_PIXELS = 16_384
@@ -39,9 +35,7 @@ class _TraceLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    # the bounds of the params' ``request`` section (perfkit.params.RequestParams: pixels >= 8,
-    # at most 1000 steps, the reference engine's MAX_STEPS; frames at most MAX_FRAMES), so that
-    # a trace line cannot ask what the params file may not
+    # the bounds of perfkit.params.RequestParams
     width: Optional[int] = Field(None, ge=8, le=_MAX_PIXELS)
     height: Optional[int] = Field(None, ge=8, le=_MAX_PIXELS)
     num_frames: Optional[int] = Field(None, gt=0, le=MAX_FRAMES)
@@ -54,18 +48,13 @@ class _TraceLine(BaseModel):
 
 
 def read_trace(given: str | Path, base: VideoRequestSpec) -> list[tuple[VideoRequestSpec, float | None]]:
-    """The trace's requests in order, each as (request, its slo_ms or None). The file: ``given``
-    when it exists (absolute or from the working directory), else relative to the checkout
-    (``params/traces/...`` from a notebook's working directory).
-
-    Raises:
-        InvestigationError: the file is missing, a line is not a JSON object, has an unknown field or
-            a wrong value (``trace.jsonl:3: key 'num_frames': ...``), or the trace is empty.
-    """
+    """The trace's requests in order, each as (request, its slo_ms or None); ``given`` from the
+    working directory, else from the checkout. Raises InvestigationError: the file is missing,
+    too big, empty, or a line is bad (``trace.jsonl:3: key 'num_frames': ...``)."""
     path = Path(given)
     path = path if path.is_absolute() or path.exists() else repo_root() / path
     try:
-        if path.stat().st_size > MAX_BYTES:  # before reading it
+        if path.stat().st_size > MAX_BYTES:
             raise InvestigationError(f"trace {path}: {path.stat().st_size:,} bytes, over {MAX_BYTES:,}")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -82,7 +71,6 @@ def read_trace(given: str | Path, base: VideoRequestSpec) -> list[tuple[VideoReq
             raise InvestigationError(f"{path}:{n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise InvestigationError(f"{path}:{n}: a request is a JSON object, got {type(obj).__name__}")
-        # a field left out takes the params' value; a null is a value, and not one of a request
         nulls = [k for k, v in obj.items() if v is None]
         if nulls:
             raise InvestigationError(
@@ -102,11 +90,9 @@ def read_trace(given: str | Path, base: VideoRequestSpec) -> list[tuple[VideoReq
 def run_phases(
     base_url: str, p: Any, request: VideoRequestSpec, trace: list, timeout_s: float, alive: Any = None
 ):
-    """Every phase against one engine (:mod:`perfkit.investigations.load`'s order), ``p`` its
-    ``LoadParams``: ([(phase, level, outcome, spec)], why the engine counts as lost or None).
-    ``alive``: the engine's liveness (see :class:`~perfkit.engine.client.AsyncVideoClient`):
-    once it is dead, or stopped answering after a timeout, the requests in flight end at once
-    and the rest come back unsent (status ``error``)."""
+    """Every phase against one engine, ``p`` its ``LoadParams``: ([(phase, level, outcome,
+    spec)], why the engine counts as lost or None); once ``alive`` says it is not, the rest
+    come back unsent."""
 
     async def go() -> tuple[list[tuple[str, Any, RequestOutcome, VideoRequestSpec]], str | None]:
         out: list[tuple[str, Any, RequestOutcome, VideoRequestSpec]] = []
@@ -121,7 +107,6 @@ def run_phases(
                 out += [("closed", k, o, request) for o in await closed_loop(c, specs, k)]
             rate = p.rate_rps
             if rate is None and p.rate_over_capacity is not None:
-                # capacity as summarise() says it: the largest throughput a level delivered
                 cap, _ = capacity_rps([_timing(ph, k, o) for ph, k, o, _ in out])
                 rate = p.rate_over_capacity * cap if cap else None
             if rate is not None and not c.lost:
@@ -131,28 +116,23 @@ def run_phases(
                 out += [("open", rate, o, request) for o in await open_loop(c, specs, arrivals)]
         return out, c.lost_why
 
-    return _run_coroutine(go)
-
-
-def _run_coroutine(make: Any) -> Any:
-    """``asyncio.run(make())``, inside a running event loop on a thread of its own (docs/load.md)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(make())
+        return asyncio.run(go())
+    # inside a running event loop (a notebook): on a thread of its own
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="perfkit-load") as ex:
-        return ex.submit(lambda: asyncio.run(make())).result()
+        return ex.submit(lambda: asyncio.run(go())).result()
 
 
 def _timing(phase: str, level: Any, o: RequestOutcome) -> dict[str, Any]:
-    """What :func:`perfkit.investigations.load_stats.capacity_rps` reads of one outcome."""
     return {"phase": phase, "level": level, "status": o.status, "t_submit_s": o.t_submit,
             "t_arrival_s": o.t_arrival, "t_end_s": o.t_end}  # fmt: skip
 
 
 def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[dict], list[dict], list]:
-    """(load rows, requests-table rows, stages+steps rows) of the requests sent, joined with the
-    engine's records by request id (docs/load.md defines the columns; ms)."""
+    """(load rows, requests-table rows, [stage rows, step rows]) of the requests sent, joined
+    with the engine's records by request id (docs/load.md)."""
     recs = {r.request_id: r for r in parse_lines(records, source=f"records/{label}.jsonl").records}
     load_rows, req_rows, stage_rows, step_rows = [], [], [], []
     for i, (phase, level, o, spec) in enumerate(sent):
@@ -173,7 +153,7 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
             "e2e_ms": o.client_ms,
             "in_flight_at_submit": o.in_flight_at_submit,
         }
-        r: dict[str, Any] = {}  # the engine's record of it (none: every engine column None)
+        r: dict[str, Any] = {}
         if rec is not None:
             r, st, sp = record_rows(label, rec, i, None, spec)
             r["client_ms"] = o.client_ms
@@ -186,8 +166,6 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
         row.update(_times(sub, start, done, server_ms, o.client_ms), server_ms=server_ms)
         row.update(latent_shape=r.get("latent_shape"), compiles=r.get("compiles"))
         row.update(engine_started_s=start, engine_completed_s=done)
-        # what the job JSON said over HTTP (perfkit_times.started; sglang's completed_at in whole
-        # seconds); None: not reported
         job = o.job
         row["job_json_started_s"] = job.started_at_s
         row["job_completed_at_s"] = job.completed_at_s
@@ -197,14 +175,11 @@ def per_request_rows(sent: list, records: list[str], label: str) -> tuple[list[d
 
 
 def _times(sub, start, done, server_ms, client_ms) -> dict[str, Any]:
-    """Queue wait and service time (ms) and where they came from (docs/load.md)."""
     if sub is not None and start is not None and done is not None:
         wait, service, source = (start - sub) * 1000.0, (done - start) * 1000.0, "engine"
     elif server_ms is not None and client_ms >= server_ms:
         wait, service, source = client_ms - server_ms, server_ms, "derived (start not reported)"
     elif server_ms is not None:
-        # the engine's duration longer than the client's submit-to-result: the two do not
-        # measure the same span, so no queue wait can be derived (never a clamped 0)
         wait, service, source = None, server_ms, "not reported (engine duration above e2e)"
     else:
         wait, service, source = None, None, "not reported"

@@ -1,5 +1,5 @@
-"""The serving-under-load investigation's statistics, per closed-loop level and for the open loop,
-and what a request trace's requests say about warmup coverage (docs/load.md)."""
+"""The load investigation's statistics per closed-loop level and for the open loop, and a request
+trace's warmup coverage (docs/load.md)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ from perfkit.investigations.registry import InvestigationError
 
 
 class RequestRow(BaseModel):
-    """One row of ``results.per_request`` as the summaries read it (a bundle's or a run's): ms,
-    epoch seconds. A key the summaries need that is missing, null where a number is needed, or
-    of the wrong type is refused (:func:`check_rows`); a null queue wait, service time or
-    engine time is "not reported"; an engine time left out is "not reported" too."""
+    """One row of ``results.per_request`` as the summaries read it (ms, epoch seconds); a null
+    or left-out engine time is "not reported"."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -29,7 +27,6 @@ class RequestRow(BaseModel):
     level: Union[int, float]
     status: str
     shape: str
-    #: the client's submit to result, for every status
     e2e_ms: float = Field(allow_inf_nan=False)
     t_submit_s: float = Field(allow_inf_nan=False)
     t_end_s: float = Field(allow_inf_nan=False)
@@ -45,12 +42,8 @@ class RequestRow(BaseModel):
 
 
 def check_rows(rows: Any, source: str = "results") -> list[dict[str, Any]]:
-    """``rows`` (``results.per_request``) validated as :class:`RequestRow`, as plain dicts.
-
-    Raises:
-        InvestigationError: not a list of objects, or a row with a missing, null or wrongly typed
-            key, naming it: ``results.per_request[16]: key 'e2e_ms': ... (got None)``.
-    """
+    """``rows`` validated as :class:`RequestRow`, as plain dicts. Raises InvestigationError
+    naming the row and key: ``results.per_request[16]: key 'e2e_ms': ... (got None)``."""
     if not isinstance(rows, list):
         raise InvestigationError(f"{source}.per_request: a list of requests, got {type(rows).__name__}")
     out = []
@@ -76,12 +69,8 @@ def shape_key(spec: VideoRequestSpec) -> str:
 
 
 def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]) -> dict[str, Any]:
-    """Per shape (in order of first hit): requests, first-hit e2e and compiles, the later
-    requests' median, the first-hit penalty (ms), covered (its latent shape equals the startup
-    warmup's; None when either is not reported); over the trace: the share of requests of
-    uncovered shapes, p99, the p99 with each uncovered first hit replaced by its shape's later
-    median, the share of p99 the uncovered first hits cause, SLO attainment over the requests
-    that carry ``slo_ms``. ``rows``: the trace's per-request rows in order (ms)."""
+    """The trace's rows per shape (first hit, later median, penalty, covered; ms) and over the
+    trace (uncovered share, p99 and the share of it uncovered first hits cause, SLO attainment)."""
     shapes: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         shapes.setdefault(r["shape"], []).append(r)
@@ -111,7 +100,6 @@ def trace_summary(rows: list[dict[str, Any]], warmup_shape: Any, slos: list[Any]
     n = len(rows)
     uncovered = {t["shape"] for t in table if t["covered"] is False}
     e2e = [r["e2e_ms"] for r in rows if r["status"] == "completed"]
-    # each uncovered shape's first hit replaced by its shape's later median
     swap = {id(shapes[t["shape"]][0]): t["later_median_ms"] for t in table if t["shape"] in uncovered}
     fixed = [
         swap[id(r)] if swap.get(id(r)) is not None else r["e2e_ms"]
@@ -154,8 +142,7 @@ _CONFIDENCE = 0.95
 
 
 def quantile_row(e2e: list[float]) -> dict[str, Any]:
-    """``p50_ms``, ``p90_ms``, ``p99_ms`` (numpy's quantiles of ``e2e``, ms) with ``*_ci``
-    ([low, high], :func:`perfkit.stats.quantile_ci`; an end the sample cannot bound is None)."""
+    """``p50_ms``, ``p90_ms``, ``p99_ms`` with ``*_ci`` ([low, high]; an unbounded end is None)."""
     out: dict[str, Any] = {}
     for q in _QUANTILES:
         tag = f"p{int(q * 100)}"
@@ -169,8 +156,7 @@ def quantile_row(e2e: list[float]) -> dict[str, Any]:
 
 
 def median(xs: list) -> float | None:
-    """The median of the finite values of ``xs`` (:func:`perfkit.stats.median_iqr`), None when
-    there is none (results.json holds null, never NaN)."""
+    """The median of the finite values of ``xs``, or None."""
     return json_float(stats.median_iqr([v for v in (number(x) for x in xs) if v is not None])[0])
 
 
@@ -183,9 +169,7 @@ _PEAKS = {
 
 
 def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
-    """Device and host peaks (MiB) of the memory samples in [t0, t1]: ``device_peak_mib``,
-    ``host_peak_mib`` (PSS, read on some samples only: None when none fell in the window, see
-    :data:`perfkit.readings.memory.PSS_DUTY`) and ``host_rss_peak_mib`` (RSS, every sample)."""
+    """Device and host peaks (MiB) of the samples in [t0, t1] (PSS: None when no read fell in it)."""
     if mem is None or mem.empty:
         return dict.fromkeys(_PEAKS)
     sel = mem[(mem["t_s"] >= t0) & (mem["t_s"] <= t1)]
@@ -193,12 +177,10 @@ def peaks(mem: pd.DataFrame, t0: float, t1: float) -> dict[str, float | None]:
 
 
 def _t0(rows: list[dict]) -> float:
-    """The rows' first submit (or arrival, where there is one), epoch s."""
     return min(r["t_submit_s"] if r.get("t_arrival_s") is None else r["t_arrival_s"] for r in rows)
 
 
 def _level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | None) -> dict[str, Any]:
-    """One closed or open level's row (docs/load.md; ms, videos/min, MiB)."""
     ok = [r for r in rows if r["status"] == "completed"]
     e2e = [r["e2e_ms"] for r in ok]
     t0 = _t0(rows)
@@ -226,36 +208,27 @@ def _level_stats(rows: list[dict], slo_ms: float | None, mem: pd.DataFrame | Non
     return out
 
 
-#: an open loop of fewer requests than 3 x this (per third of its arrivals) shows neither a
-#: growing nor a bounded queue: its verdict is "not shown"
+#: requests with a queue wait per third of the open loop's arrivals, at least, for a verdict
 _MIN_PER_THIRD = 2
 
 
 def open_loop_stats(
     rows: list[dict], slo_ms: float | None, mem, capacity_rps: float | None
 ) -> dict[str, Any]:
-    """The open loop's level row plus whether its queue grew (queue wait against arrival
-    order: Spearman's rho and the least-squares slope; the last third's median against the
-    first third's). ``queue_verdict``: ``grows`` (rho >= 0.5 and the last third waited longer),
-    ``does not grow`` (rho <= 0.2, or the last third waited no longer), else ``not shown`` (fewer
-    than 3 x ``_MIN_PER_THIRD`` requests with a queue wait, or a draw of arrivals with long gaps); ``arrival_rate_rps``: the rate the
-    seeded Poisson draw really gave ((n - 1) / first-to-last arrival, requests/s), beside the
-    asked ``rate_rps``."""
+    """The open loop's level row plus whether its queue grew (``queue_verdict``, docs/load.md)
+    and ``arrival_rate_rps``, the rate the Poisson draw gave."""
     out = _level_stats(rows, slo_ms, mem)
     rate = rows[0]["level"]
     waits = [r["queue_wait_ms"] for r in rows]
     finite = [w for w in waits if number(w) is not None]
     third = max(1, len(waits) // 3)
     first, last = median(waits[:third]), median(waits[-third:])
-    from scipy.stats import spearmanr  # 0.4 s to import: every kernel and CLI start imports this module
+    from scipy.stats import spearmanr  # 0.4 s to import
 
     rho = float(spearmanr(range(len(finite)), finite).statistic) if len(set(finite)) > 1 else None
-    # too few requests to show either answer (4 requests: one per third, rho of 4 points)
     too_few = third < _MIN_PER_THIRD or len(finite) < 3 * _MIN_PER_THIRD
     rising = first is not None and last is not None and last > first
     grows = bool(not too_few and rho is not None and rho >= 0.5 and rising)
-    # three answers, not two: a short or unlucky Poisson draw (a long gap between arrivals lets
-    # the queue drain) neither shows growth nor shows a bounded queue
     if grows:
         verdict = "grows"
     elif not too_few and rho is not None and (rho <= 0.2 or not rising):
@@ -283,9 +256,8 @@ def open_loop_stats(
 
 
 def engine_idle_share(rows: list[dict[str, Any]]) -> float | None:
-    """Share of the engine's window (first start to last completion, its own clock) in which
-    no job of ``rows`` ran; None when the engine does not report start times. In a closed loop
-    at concurrency 1 this is the client's turnaround between requests."""
+    """Share of the engine's window (first start to last completion) in which no job of
+    ``rows`` ran; None without start times."""
     spans = [(r.get("engine_started_s"), r.get("engine_completed_s")) for r in rows]
     if not spans or any(a is None or b is None for a, b in spans):
         return None
@@ -295,15 +267,9 @@ def engine_idle_share(rows: list[dict[str, Any]]) -> float | None:
 
 
 def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
-    """(SLO in ms or None, how it was set): ``given`` (``slo_ms``), else ``scale`` x the median
-    e2e of the warm-up requests that compiled nothing (sglang bench_serving's ``--slo
-    --slo-scale`` base, without the recompilation a warm-up can pay: a warm-up request whose
-    record reports compiles > 0 is left out; an engine that reports no compiles keeps them all,
-    and the text says so).
-
-    Raises:
-        InvestigationError: ``given`` or ``scale`` is not a number > 0 or None (``results.slo_ms_given``).
-    """
+    """(SLO in ms or None, how it was set): ``given``, else ``scale`` x the median e2e of the
+    warm-up requests that compiled nothing (sglang bench_serving's ``--slo --slo-scale``).
+    Raises InvestigationError: ``given`` or ``scale`` is not a number > 0 or None."""
     for key, v in (("slo_ms_given", given), ("slo_scale", scale)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
             raise InvestigationError(f"results.{key}: a number > 0 or null, got {v!r}")
@@ -328,19 +294,17 @@ def slo(rows: list[dict], given: Any, scale: Any) -> tuple[float | None, str]:
 
 
 def _completion_gaps(rows: list[dict]) -> np.ndarray:
-    """Seconds from the level's start to its first result, then between results: mean 1 / throughput."""
     t0 = _t0(rows)
     ends = sorted(r["t_end_s"] for r in rows if r["status"] == "completed")
     return np.diff([t0, *ends])
 
 
-#: a level's throughput or median service time this far from the first level's (relative), at
-#: the far end of its 95 % interval, is a finding: one-at-a-time serving should keep both flat
+#: a level's throughput or service time this far from the first level's (interval's far end) is a finding
 _FINDING_REL = 0.15
 
 
 def _concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
-    """Add each later level's service and throughput ratio intervals; one sentence per finding (docs/load.md)."""
+    """Add each later level's service and throughput ratio intervals; one sentence per finding."""
     if not levels:
         return []
     rows = {k: [r for r in closed if r["level"] == k] for k in (lv["concurrency"] for lv in levels)}
@@ -378,12 +342,8 @@ def _concurrency_findings(levels: list[dict], closed: list[dict]) -> list[str]:
 
 
 def capacity_rps(rows: list[dict]) -> tuple[float | None, str | None]:
-    """(requests/s, where): the largest throughput delivered by a closed level (completed
-    requests per second from the first submit or arrival to the last result, the client's
-    clock), else by the warm-up; what the open loop's ``rate_over_capacity``
-    multiplies (:func:`perfkit.investigations.load_measure.run_phases` computes it from the same
-    rows before the open loop). ``rows``: per-request rows (or dicts with ``phase``, ``level``,
-    ``status``, ``t_submit_s``, ``t_arrival_s``, ``t_end_s``)."""
+    """(requests/s, where): the largest throughput a closed level delivered (client's clock),
+    else the warm-up's; what ``rate_over_capacity`` multiplies."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         if r["phase"] in ("closed", "warmup"):
@@ -398,26 +358,16 @@ def capacity_rps(rows: list[dict]) -> tuple[float | None, str | None]:
 
 
 def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str, Any]:
-    """Everything the tables, checks and reading show, from ``results["per_request"]`` (and the
-    memory timeline for the peaks): ``slo_ms``, ``slo_source``, ``requests``, ``failed_requests``
-    (of every phase, not completed), ``levels`` (one dict per
-    closed-loop level), ``open_loop``, ``trace``, ``capacity_rps`` and ``capacity_at``
-    (:func:`capacity_rps`), ``findings`` (:func:`_concurrency_findings`), ``memory_growth_mib`` and
-    ``memory_growth_host_source`` (``pss``, ``rss`` or None: the host series the growth read).
-
-    Raises:
-        InvestigationError: a row of ``per_request`` lacks a key, or has a null or wrongly typed one
-            (:func:`perfkit.investigations.load_stats.check_rows`, naming the row and the key), or
-            ``slo_ms_given``/``slo_scale`` is not a number > 0 or null.
-    """
+    """Everything the tables, checks and reading show, from ``results["per_request"]`` and the
+    memory timeline (docs/load.md). Raises InvestigationError: a bad row (naming it and the
+    key), or ``slo_ms_given``/``slo_scale`` not a number > 0 or null."""
     rows = check_rows(results.get("per_request") or [])
     slo_ms, slo_source = slo(rows, results.get("slo_ms_given"), results.get("slo_scale"))
     levels = []
     for k in sorted({r["level"] for r in rows if r["phase"] == "closed"}):
         mine = [r for r in rows if r["phase"] == "closed" and r["level"] == k]
         lv = {"concurrency": k, **_level_stats(mine, slo_ms, mem)}
-        # the steady state: requests submitted with k - 1 others in flight (the first k - 1 of
-        # the level found fewer ahead of them: the ramp-up)
+        # the steady state: submitted with k - 1 others in flight
         steady = [r for r in mine if r["status"] == "completed" and r["in_flight_at_submit"] == k - 1]
         lv["steady_requests"] = len(steady)
         lv["queue_wait_steady_ms"] = median([r["queue_wait_ms"] for r in steady])
@@ -437,8 +387,7 @@ def summarise(results: Mapping[str, Any], mem: pd.DataFrame | None) -> dict[str,
     growth, host_source = None, None
     if levels and mem is not None:
         base = levels[0]
-        # the host series of the growth: PSS where every level has a PSS read, else RSS (read at
-        # every sample; shared pages count once per process, alike at every level)
+        # PSS where every level has a PSS read, else RSS
         host_key = (
             "host_peak_mib"
             if all(lv.get("host_peak_mib") is not None for lv in levels)

@@ -1,5 +1,5 @@
 """Memory budget (seed case 000): a launch per cap; the device and host peaks (MiB), the placement
-the engine chose, whether the cap held and whether warm requests degrade."""
+the engine chose, whether the cap held and whether warm requests degrade (docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -28,16 +28,12 @@ log = logging.getLogger(__name__)
 
 NAME = "memory_budget"
 
-
 #: A warm request slower than the cold one by more than this fraction "degrades".
 _WARM_DEGRADE_TOLERANCE = 0.10
 
 
 def cap_entry(data: LaunchData, cap: MemoryCaps, repeats: int) -> dict[str, Any]:
-    """One ``caps`` entry of memory_budget's results from the launch ``data`` under ``cap``
-    (``repeats`` requests asked): completion, whether the cap held, device peaks and host peaks
-    (MiB), the caps in force, placement, cold and warm latency (ms) and ``warm_degrades``; see
-    :func:`memory_budget` for every key."""
+    """One ``caps`` entry of the results from the launch ``data`` under ``cap`` (MiB, GiB, ms)."""
     df, ok, numbers = common.launch_numbers(data)
     lr = data.launch_row
     exceeded = bool(lr.get("cap_exceeded")) or (data.error or "").startswith("host memory cap exceeded")
@@ -67,12 +63,12 @@ def _text(v: Any) -> str | None:
 
 
 class MinBudgetParams(registry._Model):
-    """Bisection of the smallest device budget that completes (GPU only; one launch a probe)."""
+    """Bisection of the smallest device budget that completes (GPU only)."""
 
     lo_gib: float = Field(gt=0)
     hi_gib: float = Field(gt=0)
     #: bisection stops when hi - lo <= this (GiB)
-    resolution_gib: float = Field(1.0, ge=0.01)  # the bisection's step is 0.01 GiB
+    resolution_gib: float = Field(1.0, ge=0.01)
 
     @model_validator(mode="after")
     def _order(self) -> "MinBudgetParams":
@@ -90,8 +86,7 @@ class MemoryBudgetParams(registry.InvestigationParams):
     repeats: int = Field(2, ge=1, le=1000)
     #: also bisect the minimum device cap, {lo_gib, hi_gib} (GPU only; None: no bisection)
     min_budget: Optional[MinBudgetParams] = None
-    #: CUDA allocator snapshots after the cold request and warm request k of every budget's
-    #: launch, read into the ``memory_sites`` table; None (default): none
+    #: CUDA allocator snapshots after the cold request and warm request k (``memory_sites``)
     snapshot: Optional[SnapshotParams] = None
 
 
@@ -102,8 +97,7 @@ class MemoryBudgetInvariants(registry.InvariantParams):
     caps_held: Optional[bool] = True
     #: every capped run completed all its requests
     caps_completed: Optional[bool] = None
-    #: False gates: warm requests under a cap must not be slower than the cold one by more than
-    #: ``_WARM_DEGRADE_TOLERANCE``
+    #: False gates: warm requests no slower than the cold one (beyond 10 %)
     warm_degrades_allowed: Optional[bool] = None
 
 
@@ -118,36 +112,9 @@ def memory_budget(
     reuse: Any = None,
     snapshot: SnapshotParams | dict | None = None,
 ) -> ResultBundle:
-    """Run the memory-budget investigation.
-
-    Args:
-        caps: one launch per entry (None or ``MemoryCaps()`` = unlimited). Default: those of
-            :class:`MemoryBudgetParams`.
-        request: the request, sent ``repeats`` times per launch (1 cold + warm).
-        min_budget: ``{"lo_gib", "hi_gib"}`` to also bisect the minimum device cap (GPU only).
-        reuse: bundles measured earlier in this run; the unlimited cap takes a session that
-            ran the same spec and request without caps (results ``reused_launches``).
-        snapshot: allocator snapshots after the cold request and warm request k of each launch
-            (:class:`~perfkit.measuring.profiled.SnapshotParams`; needs repeats >= 2): the
-            ``memory_sites`` table, each cap entry's ``memory_sites`` and ``results.memory_sites``
-            (the first budget's; ``not available on cpu`` on a CPU engine).
-
-    Returns:
-        ResultBundle ``memory_budget``; results ``caps`` has one entry per cap: ``label``,
-        ``device_cap_gib``, ``host_cap_gib``, ``completed`` (all requests), ``cap_held``,
-        ``enforcement``, ``peak_reserved_mib``/``peak_allocated_mib`` (device, MiB),
-        ``load_peak_mib`` (device peak reserved during model load, MiB),
-        ``host_pss_peak_mib`` (peak PSS of the engine tree, MiB: shared pages once),
-        ``host_anon_peak_mib`` (sampler, anonymous RSS summed per process: a page shared by
-        forked processes counts once per process), ``cgroup_peak_mib`` (the engine's own cgroup, MiB; None without
-        one), ``host_cap_effective_gib`` / ``host_cap_clamp`` (the host cap in force and why it
-        is below the ask), ``cap_mechanism`` (cgroup, watchdog-pss, ...), ``host_source``,
-        ``placement``, ``cold_ms``, ``warm_ms``,
-        ``warm_degrades``, ``error``; ``min_budget_gib`` when asked (None on CPU).
-
-    Raises:
-        ValueError: repeats < 1.
-    """
+    """The ``memory_budget`` bundle: one launch per cap (None: unlimited; default: the params
+    model's), results keys in docs/suite.md, "Results"; ``min_budget`` ``{"lo_gib", "hi_gib"}``
+    also bisects the minimum device cap. Raises ValueError: repeats < 1."""
     if repeats < 1:
         raise ValueError(f"memory_budget: repeats must be >= 1, got {repeats}")
     caps = list(caps) if caps else [c.to_caps() for c in MemoryBudgetParams().caps]
@@ -202,20 +169,10 @@ def find_min_budget(
     run_dir: str | Path = "outputs/min_budget",
     resolution_gib: float = 1.0,
 ) -> dict[str, Any]:
-    """Bisect the smallest device cap (GiB) at which one request completes.
-
-    GPU only: without an NVIDIA GPU visible through NVML it logs why and returns
-    ``{"min_gib": None, "note": ...}``. Each probe is a fresh launch with
-    ``MemoryCaps(device_gib=mid)``; the search stops when ``hi - lo <= resolution_gib``.
-
-    Returns:
-        ``{"min_gib": float | None, "probes": [{"device_gib", "completed", "placement", "e2e_ms",
-        "error"}], "note": str}``.
-
-    Raises:
-        ValueError: lo_gib >= hi_gib, non-positive bounds, or resolution_gib below the
-            0.01 GiB the probes' caps are rounded to (the search would never end).
-    """
+    """Bisect the smallest device cap (GiB) at which one request completes, a launch a probe:
+    ``{"min_gib": float | None, "probes": [{"device_gib", "completed", "placement", "e2e_ms",
+    "error"}], "note": str}`` (min_gib None without an NVIDIA GPU). Raises ValueError: not
+    0 < lo_gib < hi_gib, or resolution_gib < 0.01 (the probes' rounding)."""
     if not (0 < lo_gib < hi_gib):
         raise ValueError(f"find_min_budget: need 0 < lo_gib < hi_gib, got {lo_gib}, {hi_gib}")
     if not resolution_gib >= 0.01:
@@ -260,10 +217,8 @@ def find_min_budget(
     return {"min_gib": hi, "probes": probes, "note": f"smallest passing cap within {resolution_gib} GiB"}
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: MemoryBudgetParams) -> ResultBundle:
-    """The registry's ``run``: :func:`memory_budget` (the unlimited budget reuses a session
-    measured earlier in the run when it ran the same spec and request)."""
+    """:func:`memory_budget` with the params section."""
     mb = p.min_budget.model_dump() if p.min_budget else None
     return memory_budget(
         ctx.engine, **common.run_kwargs(ctx, p, NAME, caps=[c.to_caps() for c in p.caps], min_budget=mb)
@@ -271,10 +226,8 @@ def run(ctx: registry.RunContext, p: MemoryBudgetParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when no budget was measured, the launch without caps did not
-    complete, any launch's engine was killed by a signal perfkit did not send with no OOM
-    record, no cap kill and no CUDA OOM, or a request timed out (lost or hung, not a budget
-    verdict; a cap that ran out is a check)."""
+    """Raises InvestigationError: no budget measured, the launch without caps did not complete,
+    an engine lost not to its cap (no OOM record, cap kill or CUDA OOM), or a request timed out."""
     caps = (bundle.results or {}).get("caps") or []
     if not caps:
         raise registry.bundle_error(bundle, "no budget measured")
@@ -299,7 +252,6 @@ def check_bundle(bundle: ResultBundle) -> None:
                 f"launch {row.get('launch')} ({row.get('cap_label') or row.get('label')}) lost its engine, "
                 f"not to its cap: it {row.get('ended')}; OOM-kill record: {oom or 'none'}",
             )
-    # a request that timed out: the engine hung (docs/robustness.md: the run exits 2), not a cap
     hung = bundle.requests[bundle.requests["status"] == "timeout"]
     if len(hung):
         r = hung.iloc[0]
@@ -311,7 +263,6 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
-    """Per budget: cap held, run completed, warm requests not degraded (as the invariants ask)."""
     rows: list[Check] = []
     caps = [c for c in (r.get("caps") or []) if isinstance(c, dict)]
     for key, col, want in (
@@ -335,12 +286,10 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def _gib(v: Any) -> str:
-    return fmt(v, "g", " GiB", missing="none")  # a cap that is not set: no cap
+    return fmt(v, "g", " GiB", missing="none")
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
-    """Per budget: completed, held, peak reserved (MiB); the minimum device budget (GiB) when
-    searched."""
     out = [
         registry.KeyNumber(
             f"cap {c.get('label')}",
@@ -362,7 +311,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
 
 
 def _failing_below(r: Mapping[str, Any], mb: float) -> list[float]:
-    """Device budgets (GiB) of the minimum-budget probes below ``mb`` that did not complete."""
+    """The failed probes' device budgets (GiB) below ``mb``."""
     return [
         float(p["device_gib"])
         for p in r.get("min_budget_probes") or []
@@ -378,10 +327,7 @@ _SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per budget with :data:`_SUMMARY_COLUMNS` that exist (memory in MiB, caps in GiB,
-    times in ms); ``error``, ``host_cap_clamp`` and ``cgroup_peak_mib`` only when some budget
-    has one."""
-    # shown only where there is something: an error, a clamp, a cgroup of the engine's own
+    """One row per budget (MiB, GiB, ms); a sparse column only when some budget has a value."""
     return common.pick_columns(
         pd.DataFrame(r.get("caps") or []),
         _SUMMARY_COLUMNS,
@@ -390,7 +336,6 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """One line per budget (memory in MiB), then the minimum device budget (GiB)."""
     out = []
     for c in r.get("caps") or []:
         out.append(
@@ -422,8 +367,7 @@ def reading(r: Mapping[str, Any]) -> str:
 
 
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    """One case per launch (budget), suffix ``_cap-<label>``; an uncovered cold request is left
-    out as in cold_warm."""
+    """One case per budget, suffix ``_cap-<label>``."""
     rows = table_rows(bundle.launches) or [{"launch": None, "label": "unlimited"}]
     labels = {r.get("launch"): r.get("cap_label") or r.get("label") or r.get("launch") for r in rows}
     return common.steady_cases(
@@ -432,22 +376,15 @@ def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
 
 
 def split(p: MemoryBudgetParams) -> list[tuple[str, MemoryBudgetParams]]:
-    """The registry's ``split``: one part per budget (``cap0``, ``cap1``: each a launch of its
-    own) when no minimum-budget search is asked; with ``min_budget`` the investigation stays one
-    part (the bisection is one dependent chain after the budgets)."""
+    """One part per budget (``cap0``, ``cap1``), or one part with ``min_budget`` (a chain)."""
     if p.min_budget is not None or len(p.caps) < 2:
         return [("all", p)]
     return [(f"cap{i}", p.model_copy(update={"caps": [c]})) for i, c in enumerate(p.caps)]
 
 
 def join(parts: list[ResultBundle], p: MemoryBudgetParams) -> ResultBundle:
-    """The registry's ``join``: the bundle :func:`memory_budget` would have written for ``p``
-    from its :func:`split` parts' bundles (in split order): each part's ``cap0`` launch
-    relabelled by its position, budget entries in order, reused launches renamed alike.
-
-    Raises:
-        ValueError: a part that is not one budget, or parts that do not match ``p.caps``.
-    """
+    """The bundle :func:`memory_budget` would have written, from the :func:`split` parts'.
+    Raises ValueError: a part that is not one budget, or parts that do not match ``p.caps``."""
     if len(parts) != len(p.caps):
         raise ValueError(f"{NAME}: {len(parts)} parts for {len(p.caps)} budgets")
     entries, reused = [], []
@@ -467,9 +404,7 @@ def join(parts: list[ResultBundle], p: MemoryBudgetParams) -> ResultBundle:
 
 
 def launches(p: MemoryBudgetParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
-    """The registry's ``launches``: one per budget (each may reuse an earlier session of the
-    same spec, request and caps); the min-budget bisection's launches are one dependent chain
-    of unknown length, left out (the investigation is one unit of work)."""
+    """One per budget, each may reuse an earlier session (the bisection's are left out)."""
     return [
         PlannedLaunch((launch_key(engine, request, c.to_caps()),), p.repeats, reuses=True) for c in p.caps
     ]

@@ -1,7 +1,5 @@
-"""Offload modes: what does each of diffusers' offload modes (none, model, group-block,
-group-leaf) cost and save, one launch per mode? A mode the engine refuses on a CPU device is
-``not applicable`` and its checks are skipped. See docs/suite.md.
-"""
+"""Offload modes: what each offload mode (none, model, group-block, group-leaf) costs and saves,
+one launch per mode; a mode the device cannot run is ``not applicable`` (docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -25,25 +23,17 @@ from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import parse_lines
 
 NAME = "offload_modes"
-#: Slack of the ">=" comparisons of ``offload_vram_order`` (model vs group modes: their peaks
-#: can be equal up to allocator rounding), as a fraction of the larger value.
+#: slack of ``offload_vram_order``'s ">=" (allocator rounding), a fraction of the larger value
 _ORDER_TOLERANCE = 0.05
 
 OffloadMode = Literal["none", "model", "group-block", "group-leaf"]
-
-
-#: A warm request slower than the cold one by more than this fraction fails
-#: ``offload_warm_not_slower``.
+#: a warm request slower than the cold one by more than this fraction fails
 _WARM_TOLERANCE = 0.10
-
-#: Row statuses.
 RAN, NOT_APPLICABLE, FAILED = "ran", "not applicable", "failed"
 
-#: The engine's refusal of a mode the device cannot run (refengine.models).
+#: the engine's refusal of a mode the device cannot run (refengine.models)
 _REFUSAL_RE = re.compile(r"offload mode '(?P<mode>[\w-]+)' needs an accelerator; device is (?P<device>\w+)")
-
-
-#: the placement facts the engine reports in its records, in results order
+#: the placement facts the engine reports in its records
 _REPORTED = (
     "placement offload placement_by_component offload_use_stream device compile_active "
     "compile_disabled_reason compile_requested"
@@ -51,14 +41,13 @@ _REPORTED = (
 
 
 def _reported(data: LaunchData) -> dict[str, Any]:
-    """The engine's placement facts from the launch's last record (``perfkit`` extras)."""
+    """The engine's placement facts from the launch's last record."""
     report = data.report or parse_lines(data.record_lines)
     pk = next((r.perfkit for r in reversed(report.records) if r.perfkit), None)
     return {k: pk.get(k) for k in _REPORTED} if pk else {}
 
 
 def _mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
-    """One mode's results entry (keys: :func:`offload_modes`)."""
     lr = data.launch_row
     df, ok, numbers = common.launch_numbers(data)
     m = _REFUSAL_RE.search(data.error or "")
@@ -89,8 +78,7 @@ def _mode_entry(data: LaunchData, mode: str, repeats: int) -> dict[str, Any]:
 
 
 class OffloadModesParams(registry.InvestigationParams):
-    """``offload_modes`` section: one launch per mode, ``repeats`` requests each. Off unless a
-    params file enables it: the modes are the reference engine's ``--offload`` flags."""
+    """``offload_modes`` section (off by default): one launch per mode, ``repeats`` requests each."""
 
     enabled: bool = False
 
@@ -110,18 +98,14 @@ class OffloadModesParams(registry.InvestigationParams):
 
 
 class OffloadModesInvariants(registry.InvariantParams):
-    """What every mode that ran must show (booleans; modes that could not run are skipped)."""
+    """What every mode that ran must show (modes that could not run are skipped)."""
 
     #: the engine reports, for every component, the offload mode that was asked for
     offload_placement_matches: Optional[bool] = True
-    #: the warm request is not slower than the cold one (beyond ``_WARM_TOLERANCE``)
+    #: the warm request is not slower than the cold one (beyond 10 %)
     offload_warm_not_slower: Optional[bool] = True
     #: GPU: peak VRAM none > model >= group modes, host memory peak in the reverse order
     offload_vram_order: Optional[bool] = True
-
-
-def _label(mode: str) -> str:
-    return f"offload-{mode}"
 
 
 def offload_modes(
@@ -134,34 +118,10 @@ def offload_modes(
     sample_interval_s: float = 0.1,
     reuse: Any = None,
 ) -> ResultBundle:
-    """Measure each offload mode in its own launch.
-
-    Args:
-        spec: the engine (kind ``reference``; each launch sets ``offload=<mode>`` and clears
-            ``offload_components``). Another kind has no offload switch: every mode is "not
-            applicable".
-        modes: offload modes (default: all four, :data:`~perfkit.engine.spec.OFFLOAD_MODES`).
-        request: sent ``repeats`` times per launch (the first is the cold request).
-        caps: one memory budget for every launch (None: none).
-        reuse: bundles measured earlier in this run; mode ``none`` takes a launch that ran the
-            same spec and request (with ``offload=none``, or automatic placement without a
-            device cap, which is ``none``) instead of launching again.
-
-    Returns:
-        ResultBundle ``offload_modes``; results ``modes`` has one entry per mode: ``mode``,
-        ``label``, ``status`` (ran / not applicable / failed), ``reason``, ``ready_s``,
-        ``process_start_s``, ``load_s``, ``warmup_s`` (cold start and its parts, s),
-        ``cold_ms``, ``warm_ms`` (e2e, ms), ``peak_reserved_mib``, ``peak_allocated_mib``
-        (device, MiB), ``host_pss_peak_mib`` (PSS of the engine's tree, MiB; ``host_anon_peak_mib``
-        beside it), ``cgroup_peak_mib``, ``placement`` (the engine's
-        summary), ``offload`` (component -> mode reported), ``placement_by_component``,
-        ``compile_requested``, ``compile_active``, ``compile_disabled_reason`` (the engine's
-        records: whether torch.compile was asked, in force, and why not; None: not recorded),
-        ``placement_matches``, ``warm_not_slower``, ``reused_from``; ``device``: the engine's.
-
-    Raises:
-        ValueError: repeats < 2, an unknown or repeated mode.
-    """
+    """The ``offload_modes`` bundle: one launch per mode (default all four), each with
+    ``offload=<mode>`` for every component; an engine kind without the switch has every mode
+    "not applicable". Results keys: docs/suite.md, "Results". Raises ValueError: repeats < 2,
+    an unknown or repeated mode."""
     if repeats < 2:
         raise ValueError(f"offload_modes: repeats must be >= 2, got {repeats}")
     modes = list(modes) if modes else list(OFFLOAD_MODES)
@@ -173,7 +133,7 @@ def offload_modes(
     launches: list[LaunchData] = []
     entries: list[dict[str, Any]] = []
     for mode in modes:
-        label = _label(mode)
+        label = f"offload-{mode}"
         entries.append(e := {"mode": mode, "label": label, "reused_from": None})
         specs = _mode_specs(spec, mode, caps)
         if not specs:
@@ -202,18 +162,14 @@ def offload_modes(
     return assemble(NAME, launches, params, results, caps=[caps] * len(launches))
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: OffloadModesParams) -> ResultBundle:
-    """The registry's ``run``: :func:`offload_modes` (mode ``none`` reuses a session measured
-    earlier in the run when it ran the same spec and request)."""
+    """:func:`offload_modes` with the params section."""
     caps = p.caps.to_caps() if p.caps else None
     return offload_modes(ctx.engine, **common.run_kwargs(ctx, p, NAME, caps=caps))
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when no mode was measured, or no mode ran although some were
-    applicable (every launch crashed: an engine failure, not a verdict). Modes the device cannot
-    run are results, not errors."""
+    """Raises InvestigationError: no mode measured, or none ran although some were applicable."""
     rows = (bundle.results or {}).get("modes") or []
     if not rows:
         raise registry.bundle_error(bundle, "no offload mode measured")
@@ -234,9 +190,7 @@ def _placement_text(r: Mapping[str, Any]) -> str:
 
 
 def compile_text(e: Mapping[str, Any]) -> str:
-    """What the engine reported about torch.compile for one mode entry: ``on``, ``off (not
-    asked)``, ``off: <reason>``, or ``–`` where the records said nothing (bundles from before
-    the entry carried it)."""
+    """torch.compile as the engine reported it: ``on``, ``off (not asked)``, ``off: <reason>``, ``–``."""
     active = e.get("compile_active")
     if active is None:
         return "–"
@@ -253,9 +207,8 @@ def _skip(metric: str, why: str) -> Check:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
-    """Per mode that ran: the engine's placement matches the mode, the warm request is not
-    slower; across modes (GPU): the VRAM / host memory order. A mode that could not run gives a
-    ``skipped`` row with its reason (never a pass); a mode that failed fails its placement row."""
+    """Per mode: placement and warm rows (a failed launch fails its placement row, a mode that
+    could not run is skipped); across modes (GPU) the memory order."""
     rows: list[Check] = []
     entries = [e for e in (r.get("modes") or []) if isinstance(e, dict)]
     for key, col in (
@@ -272,7 +225,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             st = e.get("status")
             if st == NOT_APPLICABLE:
                 rows.append(_skip(metric, f"not applicable: {e.get('reason')}"))
-            elif st == FAILED:  # a failed launch fails its placement row, skips the others
+            elif st == FAILED:
                 why = f"launch failed: {e.get('reason')}"
                 failed = col == "placement_matches"
                 rows.append(check_flag(NAME, metric, False, True, why) if failed else _skip(metric, why))
@@ -291,7 +244,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[Check]:
-    """VRAM none > model >= group-*, host memory the other way (docs/suite.md); GPU only."""
+    """VRAM none > model >= group-*, host memory the other way (docs/suite.md)."""
     key = "offload_vram_order"
     ran = {e["mode"]: e for e in entries if e.get("status") == RAN}
     dev = str(r.get("device") or "")
@@ -323,7 +276,6 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
-    """Per mode: ran (warm e2e ms, peak reserved MiB, host peak MiB) or not applicable."""
     out = []
     for e in r.get("modes") or []:
         st = e.get("status")
@@ -348,10 +300,7 @@ _SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per mode with :data:`_SUMMARY_COLUMNS`: ran / not applicable / failed and why,
-    the cold start and its parts (s), cold and warm e2e (ms), peak VRAM reserved/allocated (MiB),
-    host memory peak (MiB), torch.compile as the engine reported it (:func:`compile_text`), the
-    placement the engine reported (summary: component=mode)."""
+    """One row per mode with :data:`_SUMMARY_COLUMNS` (s, ms, MiB)."""
     rows = []
     for e in r.get("modes") or []:
         row = {c: e.get(c) for c in _SUMMARY_COLUMNS}
@@ -365,7 +314,6 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """One line per mode (times in ms and s, memory in MiB), then what the order says."""
     out = []
     for e in r.get("modes") or []:
         st = e.get("status")
@@ -400,28 +348,20 @@ def reading(r: Mapping[str, Any]) -> str:
 
 
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    """One case per mode that ran, suffix ``_offload-<mode>``; an uncovered cold request is
-    left out as in the other investigations."""
+    """One case per mode that ran, suffix ``_offload-<mode>``."""
     ran = [e for e in (bundle.results or {}).get("modes") or [] if e.get("status") == RAN]
-    by = {f"_offload-{e.get('mode')}": e.get("label") or _label(e.get("mode")) for e in ran}
+    by = {f"_offload-{e.get('mode')}": e.get("label") or f"offload-{e.get('mode')}" for e in ran}
     return common.steady_cases(bundle, case_id, by)
 
 
 def split(p: OffloadModesParams) -> list[tuple[str, OffloadModesParams]]:
-    """The registry's ``split``: one part per mode (each a launch of its own), keyed by its
-    mode (``none``, ``group-block``), in the params' order."""
+    """One part per mode, keyed by the mode."""
     return [(m, p.model_copy(update={"modes": [m]})) for m in p.modes]
 
 
 def join(parts: list[ResultBundle], p: OffloadModesParams) -> ResultBundle:
-    """The registry's ``join``: the bundle :func:`offload_modes` would have written for ``p``
-    from its :func:`split` parts' bundles (in split order): mode entries in order, ``device``
-    the first reported, ``reused_launches`` rebuilt from the entries (the order checks are
-    judged from these results, as for an unsplit bundle).
-
-    Raises:
-        ValueError: the parts do not cover ``p.modes`` in order (naming both).
-    """
+    """The bundle :func:`offload_modes` would have written, from the :func:`split` parts'.
+    Raises ValueError: the parts do not cover ``p.modes`` in order."""
     params, entries = common.join_params(parts, "modes", list(p.modes), "modes")
     results = {
         **{k: v for k, v in parts[0].results.items() if k not in ("modes", "device", "reused_launches")},
@@ -433,8 +373,7 @@ def join(parts: list[ResultBundle], p: OffloadModesParams) -> ResultBundle:
 
 
 def launches(p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
-    """The registry's ``launches``: one per mode; mode ``none`` may reuse an earlier session
-    (its own spec, or automatic placement without a device cap, as :func:`offload_modes`)."""
+    """One per mode; mode ``none`` may reuse an earlier session."""
     caps = p.caps.to_caps() if p.caps else MemoryCaps()
     out = []
     for mode in p.modes:
@@ -444,7 +383,8 @@ def launches(p: OffloadModesParams, engine: EngineSpec, request: VideoRequestSpe
 
 
 def _mode_specs(spec: EngineSpec, mode: str, caps: MemoryCaps) -> list[EngineSpec]:
-    """The specs a launch of ``mode`` may have run ([]: the engine kind has no offload modes)."""
+    """The specs a launch of ``mode`` may have run (``none``: also automatic placement without
+    a device cap); [] for an engine kind without offload modes."""
     try:
         specs = [spec.replace(offload=mode, offload_components={})]
     except EngineSpecError:

@@ -1,7 +1,5 @@
-"""The cost of perfkit's own instrumentation (stage timing, the memory sampler), measured as
-interleaved ABBA pairs of warm requests in one engine session; the gate holds the overhead's
-upper 95 % bound to ``instrumentation_overhead_max``. See docs/suite.md.
-"""
+"""The cost of perfkit's own instrumentation (stage timing, the memory sampler): interleaved ABBA
+pairs of warm requests in one engine session (docs/suite.md)."""
 
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ class OverheadParams(registry.InvestigationParams):
 class OverheadInvariants(registry.InvariantParams):
     """The upper end of the 95 % interval of each overhead (fraction of server e2e)."""
 
-    #: None: reported, not gated (set e.g. 0.005 on a GPU host: 0.5 % of e2e)
+    #: e.g. 0.005 on a GPU host (0.5 % of e2e)
     instrumentation_overhead_max: Optional[float] = None
 
 
@@ -100,28 +98,10 @@ class _PooledPart(BaseModel):
 
 
 def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
-    """Pool the ABBA pairs of several launches of this probe (same engine, request and code)
-    into one paired estimate per part: the same estimator over every pair (docs/suite.md), so
-    launches of 40 pairs add up to the interval of their sum. A launch's slow spells still
-    cancel inside its own pairs; a shift between launches does not enter (each pair is inside
-    one launch).
-
-    Args:
-        results: each launch's ``overhead/results.json`` content (two or more launches).
-        names: what to call each launch in errors (default "launch 1", "launch 2", ...).
-
-    Returns:
-        ``{"launches": n, "stage_timing": {...}, "sampler": {...}}``, each part as in one
-        launch's results (``n_pairs``, ``overhead``, ``overhead_ci``, medians in ms), without
-        ``timing_agreement``.
-
-    Raises:
-        InvestigationError: fewer than two launches; a launch that is not a results mapping; a part
-            whose ``pairs_ms`` / ``on_ms`` / ``off_ms`` are missing (a launch recorded before
-            pairs were kept), not lists of finite positive ms, with fewer than 2 pairs or with
-            ``on_ms``/``off_ms`` of another length than the pairs; a launch whose pairs repeat
-            another launch's (the same bundle given twice). Each names the launch and the field.
-    """
+    """The ABBA pairs of two or more launches' results pooled into one paired estimate per part
+    (docs/suite.md): ``{"launches": n, "stage_timing": {...}, "sampler": {...}}`` as one launch's.
+    Raises InvestigationError naming the launch and field: fewer than two launches, a part
+    without valid pairs (finite ms > 0, on/off one per pair), the same pairs twice."""
     names = list(names) if names is not None else [f"launch {i}" for i in range(1, len(results) + 1)]
     if len(results) < 2:
         raise registry.InvestigationError(
@@ -175,7 +155,7 @@ def pooled(results: Sequence[Mapping[str, Any]], names: Sequence[str] | None = N
 
 
 def _agreement(client: VideoClient, request: VideoRequestSpec, ids: list[str], n: int) -> dict[str, Any]:
-    """``n`` pairs of requests timed with events and with syncs: per stage medians (ms) and ratio."""
+    """``n`` pairs timed with events and with syncs: per stage medians (ms) and ratio."""
     by: dict[str, dict[str, list[float]]] = {}
     sums: list[float] = []
     for i in range(n):
@@ -224,7 +204,6 @@ def _overhead_probe(
         e2e(timed)  # one warm-up request
 
         def abba(one: Callable[[bool], float | None]) -> dict[str, Any]:
-            """``pairs`` ABBA pairs of ``one(on)``: the on and off values and the complete pairs."""
             on, off, both = [], [], []
             for i in range(pairs):
                 got = {flag: one(flag) for flag in ((True, False) if i % 2 == 0 else (False, True))}
@@ -258,9 +237,8 @@ def _overhead_probe(
     return run
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: OverheadParams) -> ResultBundle:
-    """One launch: a warm-up request, then :func:`_overhead_probe` with ``p.pairs`` ABBA pairs."""
+    """One launch: a warm-up request, then ``p.pairs`` ABBA pairs per part."""
     probe = _overhead_probe(ctx.request, pairs=p.pairs, sampler_interval_s=p.sampler_interval_s)
     data = measure_launch(ctx.engine, [ctx.request], ctx.work_dir / NAME, "probe", after=probe)
     own = p.model_dump(exclude={"enabled", "tier"})  # pairs, sampler_interval_s
@@ -271,7 +249,7 @@ def run(ctx: registry.RunContext, p: OverheadParams) -> ResultBundle:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when the probe did not run or measured nothing."""
+    """Raises InvestigationError: the probe did not run or measured nothing."""
     r = bundle.results or {}
     if r.get("error") or not any(number((r.get(k) or {}).get("overhead")) is not None for k in PARTS):
         raise registry.bundle_error(
@@ -280,7 +258,6 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
-    """Each part's interval upper end against ``instrumentation_overhead_max``."""
     rows: list[Check] = []
     if "instrumentation_overhead_max" not in inv:
         return rows
@@ -294,7 +271,6 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
-    """Each part's overhead with its 95 % interval (percent of server e2e)."""
     out = []
     for part in PARTS:
         s = r.get(part) or {}
@@ -307,7 +283,6 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per part: pairs measured, medians on/off (ms), overhead and its interval."""
     rows = []
     for part in PARTS:
         s = r.get(part) or {}
@@ -318,7 +293,6 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """What each overhead is and whether its interval is narrow enough to say anything."""
     lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     how = set()
     for s in (r.get(part) or {} for part in PARTS):
@@ -349,9 +323,7 @@ def reading(r: Mapping[str, Any]) -> str:
 
 
 def found_in(results: Mapping[str, Any]) -> bool:
-    """Whether another investigation's results hold an in-session probe of this one
-    (``results["instrumentation"]``: ``{part: {median_on_ms, median_off_ms, overhead_ci, ...}}``,
-    written by cold_warm when it ran the probe in its own launch)."""
+    """Whether another investigation's results hold this probe (``results["instrumentation"]``)."""
     inst = results.get("instrumentation")
     return isinstance(inst, Mapping) and any(
         isinstance(v, Mapping) and "overhead_ci" in v for v in inst.values()

@@ -1,9 +1,6 @@
-"""The investigation registry: one investigation = one module that registers one :class:`Investigation`,
-which declares everything the rest of perfkit reads of it (only name, title, question, params
-model and ``run`` are required); see docs/DESIGN.md, "Where things go". :func:`load_or_run`, what
-every investigation notebook calls, runs one (launch directories under ``out/launches/``) or
-replays its recorded bundle.
-"""
+"""The investigation registry: each investigation module registers one :class:`Investigation`
+(docs/DESIGN.md, "Where things go"); :func:`load_or_run`, what every investigation notebook
+calls, runs one or replays its recorded bundle."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class InvestigationError(RuntimeError):
-    """The measurement itself failed (engine crash, no completed request): the notebook fails
-    and the suite exits 2."""
+    """The measurement itself failed (engine crash, no completed request): the suite exits 2."""
 
 
 class _Model(BaseModel):
@@ -39,19 +35,15 @@ class _Model(BaseModel):
 
 
 class InvestigationParams(_Model):
-    """Base of every investigation's params section: ``enabled``, ``tier`` plus the investigation's own
-    fields. ``tier``: ``per-commit`` (default) or ``extra``; ``perfkit suite --tier`` picks them
-    (seed 001: split per-commit from extra runs)."""
+    """Base of every investigation's params section; ``perfkit suite --tier`` picks by ``tier``."""
 
     enabled: bool = True
     tier: Literal["per-commit", "extra"] = "per-commit"
 
 
 class InvariantParams(_Model):
-    """Base of every investigation's invariants: keys of the params file's ``invariants`` section.
-    A field set to None is not gated. Every numeric limit is a finite number >= 0 (ratios,
-    fractions, MiB per request, counts): a negative or infinite limit is refused naming its key,
-    never judged (a drift limit of -5 would call every run a regression)."""
+    """Base of every investigation's invariants (the params file's ``invariants``; None: not
+    gated). A numeric limit is a finite number >= 0, else refused naming its key."""
 
     @field_validator("*")
     @classmethod
@@ -62,13 +54,10 @@ class InvariantParams(_Model):
 
 
 class EngineInvariants(InvariantParams):
-    """What every launch's engine must really run (checked on every bundle by the gate, from
-    the ``launches`` table's effective config: :mod:`perfkit.readings.engine_config`;
-    docs/suite.md, "What the engine really ran")."""
+    """What every launch's engine must really run, gated from the ``launches`` table
+    (docs/suite.md, "What the gate checks")."""
 
-    #: True when the params expect the engine to drop torch.compile (e.g. a placement that
-    #: offloads the transformer); otherwise compile asked but not active fails, with the
-    #: engine's reason
+    #: True when the engine may drop torch.compile (e.g. a placement offloading the transformer)
     compile_inactive_ok: bool = False
 
 
@@ -86,16 +75,9 @@ class CapParams(_Model):
 
 @dataclass
 class RunContext:
-    """What an investigation's ``run`` gets besides its params.
-
-    Attributes:
-        engine: the engine to launch.
-        request: the request shape the params file gives (``request`` section).
-        work_dir: launch directories (engine logs, perf logs, compile caches) go under it.
-        shared: bundles other investigations measured earlier in the same run, by name; an investigation may
-            reuse their launch when it ran exactly what it would launch (seed 001: share one
-            engine launch across the cases that can).
-    """
+    """What an investigation's ``run`` gets besides its params: ``work_dir`` holds the launch
+    directories; ``shared`` the bundles measured earlier in the run, whose launches it may reuse
+    (seed 001)."""
 
     engine: EngineSpec
     request: VideoRequestSpec
@@ -105,15 +87,9 @@ class RunContext:
 
 @dataclass(frozen=True)
 class KeyNumber:
-    """One figure quoted by the summary, the report and the READMEs.
-
-    Attributes:
-        label: what it is, in the design doc's words (``"warm median"``).
-        value: the number (None: not measured, shown as "–"), or a short text.
-        unit: ``"ms"``, ``"s"``, ``"MiB"``, ``"GiB"``, ``""`` (ratios, counts).
-        fmt: format spec for numbers (``".0f"``; thousands are separated); a ``g`` spec
-            takes :func:`perfkit.common.numfmt.number_text` (``0.016``, never ``1.6e-02``).
-    """
+    """One figure quoted by the summary, the report and the READMEs: ``value`` None (shown as
+    "–"), a number in ``unit`` (``"ms"``, ``"MiB"``, ``""``) formatted by ``fmt`` (thousands
+    separated), or a short text."""
 
     label: str
     value: float | str | None
@@ -136,7 +112,7 @@ GENERIC_TEMPLATE = "sections/investigation.html.j2"
 
 
 def bundle_error(bundle: ResultBundle, why: str) -> InvestigationError:
-    """``InvestigationError("<investigation> (<bundle dir>): <why>")``, what ``check_bundle`` raises."""
+    """``InvestigationError("<investigation> (<bundle dir>): <why>")``."""
     return InvestigationError(f"{bundle.investigation} ({bundle.path or 'bundle'}): {why}")
 
 
@@ -160,24 +136,8 @@ def no_reading(results: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Investigation:
-    """One investigation; docs/DESIGN.md, "Where things go", says what each field is for.
-
-    Attributes:
-        check_bundle: raises :class:`InvestigationError` when a bundle holds no usable measurement.
-        checks: ``(results, invariants dict) -> [Check]``; key_numbers: ``results ->
-            [KeyNumber]``; summary_table: ``results -> DataFrame``; reading: ``results -> Markdown``.
-        plan: ``params -> [requests per launch]`` (an upper bound when it reuses a launch; default
-            []): the suite's progress bars estimate from it.
-        split: ``params -> [(part key, sub-params)]``: independent launches, each a unit of work
-            (:mod:`perfkit.scaleout.units`), filesystem-safe keys (``warmup17``) in the unsplit
-            run's order; None: one unit. join: ``([part bundles in split order], params) ->
-            bundle``, the bundle the unsplit run would have written; required with ``split``.
-        case_ids: ``(params, namer) -> [case id]`` a (sub-)params would write (the planner reads
-            their ``estimated_full_test_time_s``); None: no baseline estimate.
-        launches: ``(params, engine, request) -> [PlannedLaunch]`` in run order, so the planner
-            keeps a launch a later investigation reuses and that investigation in one unit; None: one
-            launch, never shared.
-    """
+    """One investigation; docs/DESIGN.md, "Where things go", and docs/scale-out.md (``plan``,
+    ``split``/``join``, ``case_ids``, ``launches``) say what each field is for."""
 
     name: str
     title: str
@@ -215,8 +175,7 @@ class Investigation:
             object.__setattr__(self, "notebook", f"{self.name}.ipynb")
 
     def notebook_cells(self) -> list[Cell]:
-        """Its cells (declared, else its headline table and reading and its gate rows), then per
-        figure a heading and ``show(figure(kind, bundle))``."""
+        """Its cells (default: headline, reading, gate rows), then a heading and cell per figure."""
         out = [*common.headline(self.name), md("## Gate"), code(common.GATE_CELL)]
         out = list(self.cells) if self.cells is not None else out
         for f in self.figures:
@@ -241,9 +200,8 @@ _DECLARED_ONCE: tuple[tuple[str, Callable[[Investigation], set]], ...] = (
 
 
 def register(investigation: Investigation) -> Investigation:
-    """Add ``investigation`` (run order: :attr:`Investigation.order`, then name). Raises ValueError on a
-    duplicate name, an invariant key of the engine's, or what another investigation already
-    declares (an invariant key, a figure or block kind, a measure option, the session)."""
+    """Add ``investigation`` in run order. Raises ValueError: a duplicate name, an invariant key
+    of the engine's, or what another one already declares (:data:`_DECLARED_ONCE`)."""
     if investigation.name in _REGISTRY:
         raise ValueError(f"investigation {investigation.name!r} is registered twice")
     taken = set(investigation.invariants_model.model_fields) & set(EngineInvariants.model_fields)
@@ -269,11 +227,9 @@ def register(investigation: Investigation) -> Investigation:
 
 
 def register_module(namespace: Mapping[str, Any], **fields: Any) -> Investigation:
-    """Register the investigation a module declares: ``INVESTIGATION = register_module(globals(),
-    title=..., ...)`` takes its ``NAME``, ``NOTEBOOK`` (the cells), ``SECTION_INTRO`` and its
-    functions named as a field that takes one (``run``, ``checks``, ``launches``, ...; defined in
-    it, not imported), each where the module has it; ``fields`` give the rest and override.
-    Raises as :class:`Investigation` and :func:`register`."""
+    """Register the investigation a module's ``namespace`` declares: ``NAME``, ``NOTEBOOK``,
+    ``SECTION_INTRO`` and its own functions named as a callable field; ``fields`` override.
+    Raises as :func:`register`."""
     module = namespace["__name__"]
     hooks = [f.name for f in dataclasses.fields(Investigation) if "Callable" in str(f.type)]
     found = {k: fn for k in hooks if callable(fn := namespace.get(k)) and fn.__module__ == module}
@@ -284,19 +240,14 @@ def register_module(namespace: Mapping[str, Any], **fields: Any) -> Investigatio
 
 
 def unregister(name: str) -> None:
-    """Remove investigation ``name`` (a module re-imported in a notebook, a throwaway test module).
-    Raises KeyError naming the known ones."""
+    """Remove investigation ``name``. Raises KeyError naming the known ones."""
     get(name)
     del _REGISTRY[name]
 
 
 def figure(kind: str, bundle: ResultBundle) -> Any:
-    """The figure of kind ``kind`` (a :class:`~perfkit.investigations.common.Figure` some investigation
-    declares) drawn from ``bundle``: a matplotlib Figure.
-
-    Raises:
-        KeyError: no investigation declares ``kind`` (naming the known ones).
-    """
+    """The matplotlib Figure of ``kind`` drawn from ``bundle``. Raises KeyError: no
+    investigation declares ``kind`` (naming the known ones)."""
     kinds = {f.kind: f for s in _REGISTRY.values() for f in s.figures}
     if kind not in kinds:
         raise KeyError(f"unknown figure kind {kind!r}; known: {', '.join(kinds) or 'none'}")
@@ -314,8 +265,7 @@ def measure_options() -> list[tuple[Investigation, MeasureOption]]:
 
 
 def session_name() -> str | None:
-    """The investigation whose bundle is one session ``perfkit figures kind=compare`` compares
-    (:attr:`Investigation.session`), or None."""
+    """The investigation whose bundle ``perfkit figures kind=compare`` compares, or None."""
     return next((s.name for s in _REGISTRY.values() if s.session), None)
 
 
@@ -338,8 +288,7 @@ def names() -> tuple[str, ...]:
 
 
 def invariant_defaults() -> dict[str, Any]:
-    """Every investigation's invariant defaults and the engine's (:class:`EngineInvariants`), merged
-    (keys are unique across investigations)."""
+    """Every investigation's invariant defaults and the engine's, merged."""
     out: dict[str, Any] = EngineInvariants().model_dump()
     for s in _REGISTRY.values():
         out.update(s.invariant_defaults())
@@ -347,17 +296,9 @@ def invariant_defaults() -> dict[str, Any]:
 
 
 def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every invariant default (:func:`invariant_defaults`) overlaid with ``given`` (the ``invariants`` of a params
-    file, of a notebook or of a replay): a key given replaces its default, a key given as None is
-    not gated, every key not given keeps its default.
-
-    Returns:
-        invariant key -> limit (None: reported, not gated), every declared key present.
-
-    Raises:
-        ValueError: a key no investigation declares (with the closest known one), or a value its
-            invariants model refuses (naming the key).
-    """
+    """Every invariant key -> limit (None: not gated): the defaults overlaid with ``given``.
+    Raises ValueError: a key no investigation declares (with the closest known one), or a value
+    its invariants model refuses (naming the key)."""
     out = invariant_defaults()
     if not given:
         return out
@@ -380,10 +321,8 @@ def merged_invariants(given: Mapping[str, Any] | None = None) -> dict[str, Any]:
 def checks_for(
     results: Mapping[str, Mapping[str, Any]], invariants: Mapping[str, Any], only: str | None = None
 ) -> list[Check]:
-    """Check rows of every investigation (or of ``only``) against exactly the ``invariants`` given
-    that it declares: pass :func:`merged_invariants` (or ``SuiteParams.invariants_all()``); a key
-    left out, or set to None, is not gated. An investigation without
-    results gives ``skipped`` rows for its gated invariants (never a pass)."""
+    """Check rows of every investigation (or of ``only``) against the ``invariants`` given that it
+    declares (pass :func:`merged_invariants`); a key left out or None is not gated."""
     rows: list[Check] = []
     for s in _REGISTRY.values():
         if only is not None and s.name != only:
@@ -421,21 +360,10 @@ def load_or_run(
     share_launches: bool = True,
     **section: Any,
 ) -> ResultBundle:
-    """Replay ``bundle_dir`` (launches nothing) or run ``investigation``; the bundle lands in ``out``.
-
-    Args:
-        out: the bundle's directory (``RUN/<investigation>``).
-        bundle_dir: a recorded bundle to replay instead of launching anything.
-        engine: EngineSpec fields; request: VideoRequestSpec fields (sglang's names).
-        share_launches: reuse a launch that an earlier investigation of this run already measured
-            when it ran exactly what this one would launch.
-        section: the investigation's params (its params model validates them; ``enabled`` ignored).
-
-    Raises:
-        KeyError: unknown investigation. ValueError: invalid params (pydantic's ValidationError, naming
-            the field), or ``bundle_dir`` holds another investigation's bundle.
-        InvestigationError: the bundle holds no usable measurement (the notebook fails, exit 2).
-    """
+    """Replay ``bundle_dir`` or run ``investigation`` with the params ``section``; the bundle
+    lands in ``out`` (``RUN/<investigation>``). Raises KeyError: unknown investigation;
+    ValueError: invalid params, or another investigation's bundle; InvestigationError: no usable
+    measurement."""
     s = get(investigation)
     out = Path(out)
     if bundle_dir:
@@ -449,7 +377,6 @@ def load_or_run(
         log.info("replaying %s bundle from %s", investigation, bundle_dir)
         s.check_bundle(b)
         return b
-    # a notebook's bind cell already validated the section (its messages name each parameter)
     params = s.params_model.model_validate({k: v for k, v in section.items() if k != "enabled"})
     out.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(
@@ -460,5 +387,5 @@ def load_or_run(
     )
     b = s.run(ctx, params)
     b.save(out)
-    s.check_bundle(b)  # after saving: the bundle (engine logs) is there to look at
+    s.check_bundle(b)  # after saving, so that the bundle is there to look at
     return b

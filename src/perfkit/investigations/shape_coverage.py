@@ -1,7 +1,6 @@
 """What warmup_shapes computes per (warmup setting, request shape) from a measured launch: the
-shapes the startup warmup ran (:func:`warmed_shapes`), the ``coverage`` entries
-(:func:`coverage_entry`; ms, MiB), per-rank facts of a multi-rank engine
-(:func:`_rank_facts`) and the warm medians across warmup settings (:func:`warm_across_warmups`)."""
+shapes the warmup ran, the ``coverage`` entries (ms, MiB), per-rank facts, the warm medians
+across warmup settings (docs/DESIGN.md, "covered shape")."""
 
 from __future__ import annotations
 
@@ -21,25 +20,21 @@ from perfkit.investigations.common import first_vs_warm, warm_stage_medians
 from perfkit.measuring.launch_rows import LaunchData
 from perfkit.readings.records import PerfRecord, parse_lines
 
-#: where the warmup's shape came from: its performance.log record, or the engine's log line
 RECORD, ENGINE_LOG = "record", "engine log"
 
 
 @dataclass(frozen=True)
 class Warmed:
-    """The shapes one launch's startup warmup ran. source: :data:`RECORD` (``latent_shape``, the
-    warmup record's ``CxFxHxW``), :data:`ENGINE_LOG` (``shapes``: sglang's warmup lines, no
-    record) or None (neither: nothing is covered)."""
+    """The shapes one launch's startup warmup ran, from its record (``latent_shape``), the engine
+    log's warmup lines (``shapes``) or neither (None: nothing is covered)."""
 
     source: str | None
     latent_shape: str | None = None
     shapes: tuple[WarmupShape, ...] = ()
 
     def covers(self, latent_shape: Any, width: int | None, height: int | None, frames: int) -> bool | None:
-        """Whether a request ran a warmed latent shape. Record: the request's latent shape
-        equals the warmup's. Engine log: the request's (width, height, latent frames of
-        ``frames`` by LTX frame math) equals a warmed one's (pixels; the log gives no latent
-        shape); None when the request's width or height is not known (engine default)."""
+        """Whether a request ran a warmed latent shape (engine log: by width, height and LTX
+        latent frames); None when its width or height is the engine's default."""
         if self.source == RECORD:
             return bool(latent_shape is not None and latent_shape == self.latent_shape)
         if self.source == ENGINE_LOG:
@@ -51,10 +46,8 @@ class Warmed:
 
 
 def warmed_shapes(requests: pd.DataFrame, logs: Mapping[str, str]) -> Warmed:
-    """The startup warmup's shapes for one launch: its warmup record's (``requests`` rows with
-    ``index == WARMUP_INDEX`` and a latent shape), else every ``server warmup req`` line in its
-    engine ``logs`` (log name -> text; :func:`perfkit.engine.handle.parse_warmup_shapes`:
-    sglang 0.5.23 writes no record for its warmup), else none."""
+    """The startup warmup's shapes for one launch: its warmup record's, else every ``server
+    warmup req`` line in its engine ``logs`` (sglang 0.5.23 writes no warmup record)."""
     if not requests.empty:
         rec = requests[requests["index"] == WARMUP_INDEX]["latent_shape"].dropna()
         if not rec.empty:
@@ -76,11 +69,8 @@ def coverage_entry(
     width: int | None = None,
     height: int | None = None,
 ) -> dict[str, Any]:
-    """One ``coverage`` entry of warmup_shapes' results: request shape ``f`` (frames; ``width``
-    x ``height`` pixels, None: the engine's default) after warmup ``w`` (frames), whose shapes
-    are ``warmed`` (:func:`warmed_shapes`), from its completed request rows ``ok`` (the first,
-    then the warm ones; ``first_index`` the first's index in the launch) and the launch's
-    ``stages``; see :func:`perfkit.investigations.warmup_shapes.warmup_shapes` for the keys (ms)."""
+    """One ``coverage`` entry (docs/suite.md, "Results"): request shape ``f`` frames after warmup
+    ``w`` frames, from its completed rows ``ok`` (the first at ``first_index``, then the warm)."""
     entry: dict[str, Any] = {
         "warmup_frames": int(w),
         "request_frames": int(f),
@@ -107,11 +97,8 @@ def coverage_entry(
             "warm_median_ms": wmed,
             "penalty_ms": first - wmed,
             "ratio": first / wmed,
-            # the ratio's low end: the first request against the slowest warm one (what the
-            # warm requests' own spread allows); over the limit only when the first is beyond it
             "ratio_lower": first / float(np.max(warm)),
             "ratio_ci": [json_float(v) for v in stats.bootstrap_ratio_ci([first], warm)],
-            # None where the engine reports no compile counts (sglang), never 0 / False
             "compiles": reported_sum(ok["compiles"], count=True),
             "compile_ms": reported_sum(ok["compile_ms"]),
             "first_compiles": reported_count(ok["compiles"].iloc[0]),
@@ -130,7 +117,6 @@ def coverage_entry(
             },
         }
     )
-    # the launch's records as measure_launch parsed them (a reused launch: its kept lines)
     report = data.report or parse_lines(data.record_lines)
     ranks = _rank_facts(report.records, list(ok["request_id"]))
     if ranks:
@@ -169,7 +155,6 @@ def _rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[
             {
                 "rank": first.get("rank", k),
                 "device": first.get("device"),
-                # a rank report without a count is "not measured" (None), never 0
                 "first_compiles": _count(first.get("compiles")),
                 "warm_compiles": sum(warm_compiles) if None not in warm_compiles else None,
                 "first_recompile_reasons": (
@@ -181,7 +166,6 @@ def _rank_facts(records: list[PerfRecord], request_ids: list[str]) -> list[dict[
                 "warm_refinement_step_median_ms": med("refinement_steps"),
                 "warm_compute_median_ms": med("cfg_compute_ms"),
                 "warm_gather_median_ms": med("cfg_gather_ms"),
-                # this rank's own device peak over the shape's requests (MiB; sglang's mb are MiB)
                 "peak_reserved_mib": json_float(max(peaks, default=None)),
             }
         )
@@ -193,11 +177,8 @@ def _count(v: Any) -> int | None:
 
 
 def warm_across_warmups(coverage: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each request shape measured after more than one warmup setting: the warm median after
-    each later setting over the warm median after the first (ratio, 95 % percentile-bootstrap
-    interval of the ratio of medians, :func:`perfkit.stats.bootstrap_ratio_ci`), and the same per
-    stage (medians only). A difference here is steady-state speed, not the first-request penalty.
-    """
+    """Per request shape measured after several warmup settings: each later setting's warm
+    median over the first's, with a 95 % bootstrap interval, and per stage (medians only)."""
     out = []
     by_frames: dict[int, list[dict[str, Any]]] = {}
     for c in coverage:

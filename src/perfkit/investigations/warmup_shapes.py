@@ -1,6 +1,5 @@
-"""Warmup shapes (seed case 003): one launch per startup warmup setting, each with fresh compile
-caches; per request shape its first request against the warm median, its compiles, and whether the
-warmup covered it (docs/DESIGN.md, "covered shape")."""
+"""Warmup shapes (seed case 003): one launch per startup warmup setting, fresh compile caches;
+per request shape its first request against the warm median (docs/DESIGN.md, "covered shape")."""
 
 from __future__ import annotations
 
@@ -27,26 +26,22 @@ NAME = "warmup_shapes"
 
 
 class WarmupShapesParams(registry.InvestigationParams):
-    """``warmup_shapes`` section: one launch per startup warmup setting, each request shape sent
-    ``repeats`` times in a row."""
+    """``warmup_shapes`` section: one launch per warmup setting, each shape sent ``repeats`` times."""
 
-    #: startup warmup frames, one launch each (0: no warmup). 17 -> 3 latent frames.
+    #: startup warmup frames, one launch each (0: no warmup)
     warmup_frames: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [17, 25], min_length=1)
-    #: request frames sent to each launch. 25 -> 4 latent frames.
+    #: request frames sent to each launch
     request_frames: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [25], min_length=1)
     #: requests per shape per launch (the first and at least one warm)
     repeats: int = Field(3, ge=2, le=1000)
-    #: profiler traces of extra requests in an extra launch: the first request of the first
-    #: uncovered shape (``cold`` in ``requests``) and warm ones of that shape; None (default)
-    #: profiles nothing
+    #: profile the first uncovered shape's first and warm requests in an extra launch
     profile: Optional[ProfileParams] = None
 
 
 class WarmupShapesInvariants(registry.InvariantParams):
     """A covered shape (its latent shape ran in the startup warmup) pays no shape setup."""
 
-    #: first request of a covered shape / its warm median must not exceed this; fails only when
-    #: the first request / the slowest warm one (``ratio_lower``) does too, else inconclusive
+    #: first request of a covered shape / its warm median (judged with ``ratio_lower``)
     covered_first_request_max_ratio: Optional[float] = 1.5
     #: compiles during the first request of a covered shape
     covered_compiles_max: Optional[float] = 0
@@ -63,38 +58,9 @@ def warmup_shapes(
     reuse: Any = None,
     profile: ProfileParams | dict | None = None,
 ) -> ResultBundle:
-    """Run the warmup-shapes investigation.
-
-    Args:
-        spec: the engine (its ``warmup_frames`` is replaced per launch).
-        warmup_frames: startup warmup settings, one launch each.
-        request_frames: request num_frames to probe; each is sent ``repeats`` times in a row.
-        repeats: requests per shape (>= 2: the first and at least one warm).
-        request: other request fields (resolution, steps, prompt).
-        reuse: bundles measured earlier in this run; a warmup setting whose launch one already
-            measured (same spec and warmup, one request shape equal to its request, at least
-            ``repeats`` requests) takes that session's first requests instead of launching again
-            (:func:`perfkit.measuring.assemble.reuse_launch`; results ``reused_launches``).
-        profile: profile extra requests (:class:`~perfkit.measuring.profiled.ProfileParams`):
-            after the measured launches, an extra launch (label ``profiled-warmup{w}``) with the
-            warmup of the first (warmup, shape) pair that is not covered sends that shape's first
-            request (role ``profiled first of new shape``) and ``profile.warm`` warm ones; the
-            ``traces`` table and files go into the bundle, no statistic reads them (results
-            ``profiled``: the pair, or why nothing was profiled).
-
-    Returns:
-        ResultBundle ``warmup_shapes``; results ``coverage``, one entry per (warmup setting,
-        request shape): ``covered`` (docs/DESIGN.md's "covered shape"; the log lines in
-        ``warmed_shapes``; None when the request's resolution is the engine default),
-        ``warmup_source`` (``"record"``, ``"engine log"`` or None), ``first_ms``,
-        ``warm_median_ms``, ``penalty_ms``, ``ratio`` (first / warm median) with ``ratio_ci``
-        (95 % bootstrap) and ``ratio_lower`` (first / the slowest warm request), ``compiles``
-        and ``compile_ms`` in the measured window (None: the engine reports no compile counts),
-        ``penalty_stage``, ``recompile_reasons``.
-
-    Raises:
-        ValueError: repeats < 2 or an empty setting list.
-    """
+    """The ``warmup_shapes`` bundle: one launch per warmup setting (results keys: docs/suite.md,
+    "Results"). ``reuse``: earlier bundles whose launch a setting may take. Raises ValueError:
+    repeats < 2 or an empty setting list."""
     if repeats < 2:
         raise ValueError(f"warmup_shapes: repeats must be >= 2, got {repeats}")
     if not warmup_frames or not request_frames:
@@ -155,16 +121,13 @@ def warmup_shapes(
     )
 
 
-# ------------------------------------------------------------------------------ registry entry
 def run(ctx: registry.RunContext, p: WarmupShapesParams) -> ResultBundle:
-    """The registry's ``run``: :func:`warmup_shapes`, reusing a launch measured earlier in the run
-    when it ran exactly one of these warmup settings."""
+    """:func:`warmup_shapes` with the params section."""
     return warmup_shapes(ctx.engine, **run_kwargs(ctx, p, NAME))
 
 
 def split(p: WarmupShapesParams) -> list[tuple[str, WarmupShapesParams]]:
-    """The registry's ``split``: one part per startup warmup setting (each is a launch of its
-    own): ``("warmup17", params with warmup_frames [17])``, in the params' order."""
+    """One part per warmup setting: ``("warmup17", params with warmup_frames [17])``."""
     out: list[tuple[str, WarmupShapesParams]] = []
     seen: set[str] = set()
     for i, w in enumerate(p.warmup_frames):
@@ -175,21 +138,15 @@ def split(p: WarmupShapesParams) -> list[tuple[str, WarmupShapesParams]]:
 
 
 def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
-    """The registry's ``join``: the bundle :func:`warmup_shapes` would have written for ``p``
-    from the bundles of its :func:`split` parts (in split order): coverage entries and reused
-    launches in launch order, ``warm_across_warmups`` recomputed from the joined coverage.
-
-    Raises:
-        ValueError: the parts do not cover ``p.warmup_frames`` in order (naming both).
-    """
+    """The bundle :func:`warmup_shapes` would have written, from the :func:`split` parts'.
+    Raises ValueError: the parts do not cover ``p.warmup_frames`` in order."""
     params, coverage = join_params(parts, "warmup_frames", list(map(int, p.warmup_frames)), "coverage")
     results = {
         "coverage": coverage,
         "reused_launches": [x for b in parts for x in b.results.get("reused_launches") or []],
         "warm_across_warmups": warm_across_warmups(coverage),
     }
-    # profiling: as unsplit, only the first uncovered pair's extra launch (the first part that
-    # profiled); the other parts' traces are dropped
+    # as unsplit: only the first part that profiled keeps its traces
     profiled = next((b for b in parts if "warmup_frames" in (b.results.get("profiled") or {})), None)
     noted = profiled or next((b for b in parts if "profiled" in b.results), None)
     if noted is not None:
@@ -203,8 +160,7 @@ def join(parts: list[ResultBundle], p: WarmupShapesParams) -> ResultBundle:
 
 
 def launches(p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpec) -> list[PlannedLaunch]:
-    """The registry's ``launches``: one per warmup setting; with one request shape it reuses
-    an earlier session of the same spec and request (see :func:`warmup_shapes`)."""
+    """One per warmup setting; with one request shape it may reuse an earlier session."""
     out = []
     for w in p.warmup_frames:
         s = engine.replace(warmup_frames=int(w), share_compile_cache=False)
@@ -217,8 +173,7 @@ def launches(p: WarmupShapesParams, engine: EngineSpec, request: VideoRequestSpe
 
 
 def case_ids(p: WarmupShapesParams, namer: Any) -> list[str]:
-    """The registry's ``case_ids``: one case per (warmup setting, request shape) (a shape the
-    warmup does not cover writes none; its id is listed all the same)."""
+    """One per (warmup setting, request shape), uncovered ones too."""
     return [
         namer(warmup_frames=w, num_frames=f, suffix="_shapes")
         for w in p.warmup_frames
@@ -227,7 +182,6 @@ def case_ids(p: WarmupShapesParams, namer: Any) -> list[str]:
 
 
 def _first_request_error(bundle: ResultBundle) -> str | None:
-    """The first measured request's error text (e.g. the engine's HTTP 400 message), if any."""
     req = bundle.requests
     req = req[(req["index"] != WARMUP_INDEX).fillna(False).to_numpy(bool)].sort_values("index", kind="stable")
     errs = [str(e) for e in req["error"] if isinstance(e, str) and e.strip()]
@@ -235,7 +189,7 @@ def _first_request_error(bundle: ResultBundle) -> str | None:
 
 
 def check_bundle(bundle: ResultBundle) -> None:
-    """Raise :class:`InvestigationError` when no coverage was measured or an entry failed."""
+    """Raises InvestigationError: no coverage measured, or an entry failed."""
     cov = (bundle.results or {}).get("coverage") or []
     if not cov:
         raise registry.bundle_error(bundle, "no coverage measured")
@@ -271,7 +225,6 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
             label = f"{metric}[warmup={c.get('warmup_frames')}f,request={c.get('request_frames')}f]"
             if metric == "covered_compiles":
                 if c.get("compiles") is None and c.get("first_ms") is not None:
-                    # measured, but the engine reports no compile counts (sglang): not a pass
                     rows.append(Check(NAME, label, limit, None, limit, "skipped", NOT_REPORTED_REASON))
                 else:
                     rows.append(check_max(NAME, label, c.get("compiles"), limit))
@@ -291,7 +244,6 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def _compiles(n: Any) -> str:
-    """``"1 compile"``, ``"3 compiles"``, ``"compiles not reported"``."""
     x = number(n)
     return f"compiles {NOT_REPORTED}" if x is None else f"{x:.0f} compile{'' if x == 1 else 's'}"
 
@@ -315,12 +267,10 @@ _SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per (warmup setting, request shape) with :data:`_SUMMARY_COLUMNS` that exist."""
     return common.pick_columns(pd.DataFrame(r.get("coverage") or []), _SUMMARY_COLUMNS)
 
 
 def reading(r: Mapping[str, Any]) -> str:
-    """One line per shape pair, then what an uncovered shape costs."""
     rows = r.get("coverage") or []
     if not rows:
         return "No coverage results."
@@ -380,8 +330,7 @@ def reading(r: Mapping[str, Any]) -> str:
 
 
 def cases(bundle: ResultBundle, case_id: Any) -> dict[str, ResultBundle]:
-    """One case per (launch, covered request frames), suffix ``_shapes``. Uncovered slices are
-    left out: their first request's shape setup is the finding, gated by the invariants."""
+    """One case per (launch, covered request frames), suffix ``_shapes``."""
     out: dict[str, ResultBundle] = {}
     req = bundle.requests
     covered = {
