@@ -302,3 +302,14 @@ def test_a_cold_warm_session_serves_warmup_shapes_and_memory_budget(cold_warm, t
         ).results["reused_launches"]
         == []
     )
+
+
+def test_warmup_shapes_refuses_a_warmup_setting_given_twice():
+    """Two launches of one warmup setting got one label (``warmup17``) in the unsplit run."""
+    from pydantic import ValidationError
+
+    from perfkit.investigations.warmup_shapes import WarmupShapesParams
+
+    with pytest.raises(ValidationError, match=r"warmup_frames\n.*\[17\] given twice"):
+        WarmupShapesParams(warmup_frames=[17, 25, 17])
+    assert WarmupShapesParams(warmup_frames=[17, 25]).warmup_frames == [17, 25]

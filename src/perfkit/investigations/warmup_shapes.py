@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping, Optional
 
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from perfkit.bundle import WARMUP_INDEX, ResultBundle, sub_bundle, table_rows
 from perfkit.checks import NOT_REPORTED, NOT_REPORTED_REASON, Check, check_max, number
@@ -36,6 +36,13 @@ class WarmupShapesParams(registry.InvestigationParams):
     repeats: int = Field(3, ge=2, le=1000)
     #: profile the first uncovered shape's first and warm requests in an extra launch
     profile: Optional[ProfileParams] = None
+
+    @field_validator("warmup_frames")
+    @classmethod
+    def _each_warmup_once(cls, v: list[int]) -> list[int]:
+        if twice := sorted({w for w in v if v.count(w) > 1}):
+            raise ValueError(f"each warmup setting is one launch: {twice} given twice")
+        return v
 
 
 class WarmupShapesInvariants(registry.InvariantParams):
