@@ -195,7 +195,7 @@ def ab() -> nbformat.NotebookNode:
 import pandas as pd
 from IPython.display import Markdown, display
 
-from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.ab.sequential import Design, Gate, decide_sequential, run_sequential
 from perfkit.bundle import ResultBundle
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.spec import EngineSpec
@@ -206,7 +206,8 @@ from perfkit.report.ab import ab_summary_markdown
 
 pd.set_option("display.max_colwidth", 120)"""
     cells = [
-        new_code_cell("""if replay_a:
+        new_code_cell("""gate = Gate(gate_metrics, threshold)
+if replay_a:
     bundles = {"A": ResultBundle.load(replay_a), "B": ResultBundle.load(replay_b)}
     recorded = min(len(b.launches) for b in bundles.values())  # the recording is the maximum
     design = Design(min(launches, recorded), min(max_launches, recorded))
@@ -214,8 +215,8 @@ else:
     spec = lambda p: EngineSpec.from_dict(load_yaml(Path(p).read_text()))  # noqa: E731
     design = Design(launches, max_launches)
     specs = {"A": spec(spec_a), "B": spec(spec_b)}
-    bundles = run_sequential(specs, VideoRequestSpec(), warm, design, run_dir, threshold, gate=gate_metrics)
-res = decide_sequential(bundles["A"], bundles["B"], design, threshold, gate=gate_metrics, undecided=undecided)"""),
+    bundles = run_sequential(specs, VideoRequestSpec(), warm, design, run_dir, gate)
+res = decide_sequential(bundles["A"], bundles["B"], design, gate, undecided)"""),
         new_markdown_cell("## Verdict per metric"),
         new_code_cell("display(Markdown(ab_summary_markdown(res)))"),
         new_markdown_cell("## Forest plot: B/A with intervals, each launch's dots behind"),

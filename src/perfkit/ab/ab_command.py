@@ -200,17 +200,18 @@ def run_or_replay(
             thresholds = rec_thresholds
         threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
     else:
-        from perfkit.ab.sequential import run_sequential
         from perfkit.engine.client import VideoRequestSpec
 
         request = VideoRequestSpec.from_dict(request_for(a[1], b[1], live.get("shape", {})))
         design, threshold, thresholds = decision(None)
         threshold = threshold or stats.DEFAULT_THRESHOLD
-        specs, more = {"A": a[0], "B": b[0]}, (thresholds, gate, live.get("profile"))
-        bundles = run_sequential(specs, request, live["warm"], design, out, threshold, *more)
+        rule = sq.Gate(gate, threshold, thresholds)
+        bundles = sq.run_sequential(
+            {"A": a[0], "B": b[0]}, request, live["warm"], design, out, rule, live.get("profile")
+        )
     try:
         res = decide_sequential(
-            bundles["A"], bundles["B"], design, threshold, thresholds, gate=gate, undecided=undecided
+            bundles["A"], bundles["B"], design, sq.Gate(gate, threshold, thresholds), undecided
         )
     except ValueError as exc:
         why = "" if live.get("replay") else f" (the launches are kept: --replay {out / 'a'} {out / 'b'})"

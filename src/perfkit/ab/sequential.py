@@ -50,6 +50,25 @@ def spent_alpha(fraction: float, alpha: float, spending: str = "pocock") -> floa
 
 
 @dataclass(frozen=True)
+class Gate:
+    """What decides an A/B: the gated ``metrics`` (None: every metric compared), the ±``threshold``
+    (a fraction) and per-metric ``thresholds`` that override it."""
+
+    metrics: Sequence[str] | None = None
+    threshold: float = stats.DEFAULT_THRESHOLD
+    thresholds: Mapping[str, float] | None = None
+
+    def to_meta(self) -> dict[str, Any]:
+        """The meta keys a replay decides by: ``threshold``, ``thresholds``, ``gate_metrics``."""
+        metrics = list(dict.fromkeys(self.metrics)) if self.metrics is not None else None
+        return {
+            "threshold": self.threshold,
+            "thresholds": dict(self.thresholds or {}),
+            "gate_metrics": metrics,
+        }
+
+
+@dataclass(frozen=True)
 class Design:
     """How a sequential A/B runs: launches a side at the first look (>= 2) and at most (replacements
     count); ``confidence`` two-sided over all looks and gated metrics; ``paired``: launch i of A ran
@@ -302,16 +321,14 @@ def _walk_bundles(
     a: Any,
     b: Any,
     design: Design,
-    gate: Sequence[str] | None,
-    threshold: float,
-    thresholds: Mapping[str, float] | None,
+    gate: Gate,
 ) -> tuple[Walk, list[str], dict[str, pd.DataFrame]]:
     values = {"A": metric_values(a), "B": metric_values(b)}
     every = pd.concat([v["metric"] for v in values.values()]).unique()
-    metrics = list(dict.fromkeys(gate)) if gate is not None else metric_order(every)
+    metrics = list(dict.fromkeys(gate.metrics)) if gate.metrics is not None else metric_order(every)
     logmed, slow = _inputs(values, metrics, design.paired)
     failed = [*launch_errors(a), *launch_errors(b)]
-    thr = [float((thresholds or {}).get(m, threshold)) for m in metrics]
+    thr = [float((gate.thresholds or {}).get(m, gate.threshold)) for m in metrics]
     return Walker(logmed, slow, metrics, thr, design, failed).feed(_order(a, b)), metrics, values
 
 
@@ -319,9 +336,7 @@ def decide_sequential(
     a: Any,
     b: Any,
     design: Design,
-    threshold: float = stats.DEFAULT_THRESHOLD,
-    thresholds: Mapping[str, float] | None = None,
-    gate: Sequence[str] | None = None,
+    gate: Gate = Gate(),
     undecided: str = "fail",
 ) -> Any:
     """Walk the two bundles' launches in the order they ran, then compare the last look's launches
@@ -330,7 +345,7 @@ def decide_sequential(
     Raises ValueError: ``undecided`` not in :data:`UNDECIDED`; a gate naming a metric not compared."""
     if undecided not in UNDECIDED:
         raise ValueError(f"undecided must be one of {', '.join(UNDECIDED)}, got {undecided!r}")
-    w, metrics, values = _walk_bundles(a, b, design, gate, threshold, thresholds)
+    w, metrics, values = _walk_bundles(a, b, design, gate)
     if w.stop is None:  # the recording ends first
         ran = ", ".join(f"{len(v)} of {s}" for s, v in w.run.items())
         _at_maximum(w, metrics, design, f"the recording ends ({ran} launches)")
@@ -342,7 +357,9 @@ def decide_sequential(
         conf = design.look_confidence(design.min_launches)
     errors = [f"{k}: {v}" for bd in (a, b) for k, v in launch_errors(bd).items()]
     used = {s: v[v["launch"].isin([str(x) for x in keep[s]])] for s, v in values.items()}
-    res = compare(used["A"], used["B"], threshold, thresholds, conf, len(errors), gate, design.paired)
+    res = compare(
+        used["A"], used["B"], gate.threshold, gate.thresholds, conf, len(errors), gate.metrics, design.paired
+    )
     t = res.table.set_index("metric")
     left = [m for m in metrics if m in t.index and t.loc[m, "decision"] == "inconclusive"]
     needed = {m: None if pd.isna(n := t.loc[m, "launches_needed"]) else int(n) for m in left}
@@ -351,9 +368,7 @@ def decide_sequential(
     res.meta = {
         "slow_spells": jsonable(slow_spells(values, {"A": a, "B": b}).to_dict("records")),
         "ab": a.meta.get("ab") or b.meta.get("ab") or {},
-        "threshold": threshold,
-        "thresholds": dict(thresholds or {}),
-        "gate_metrics": list(dict.fromkeys(gate)) if gate is not None else None,
+        **gate.to_meta(),
         "launch_errors": errors,
         "sides": {
             side: {
@@ -382,9 +397,7 @@ def run_sequential(
     warm: int,
     design: Design,
     out: Any,
-    threshold: float = stats.DEFAULT_THRESHOLD,
-    thresholds: Mapping[str, float] | None = None,
-    gate: Sequence[str] | None = None,
+    gate: Gate = Gate(),
     profile: Any = None,
 ) -> dict[str, Any]:
     """Run a live A/B of ``specs`` ({"A": EngineSpec, "B": EngineSpec}) until the procedure stops.
@@ -395,7 +408,7 @@ def run_sequential(
     def extend(bundles: dict[str, Any]) -> list[str]:
         if set(bundles) != {"A", "B"}:
             return []
-        w, _, _ = _walk_bundles(bundles["A"], bundles["B"], design, gate, threshold, thresholds)
+        w, _, _ = _walk_bundles(bundles["A"], bundles["B"], design, gate)
         if w.stop is not None or not w.next_arm:
             return []
         if design.paired:  # a pair more, its first side alternating
@@ -411,14 +424,7 @@ def run_sequential(
         out,
         extend=extend,
         # a replay without --gate-metrics or --threshold decides as the run did
-        meta={
-            "sequential": {
-                **design.to_dict(),
-                "gate_metrics": list(gate) if gate else None,
-                "threshold": threshold,
-                "thresholds": dict(thresholds or {}),
-            }
-        },
+        meta={"sequential": {**design.to_dict(), **gate.to_meta()}},
         profile=profile,
         paired=design.paired,
     )

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.ab.sequential import Design, decide_sequential, run_sequential
+from perfkit.ab.sequential import Design, Gate, decide_sequential, run_sequential
 from perfkit.engine.client import VideoRequestSpec
 from perfkit.engine.owner import run_bounded
 from perfkit.engine.spec import EngineSpec
@@ -234,12 +234,10 @@ def compare(
         why = f"the two checkouts' params ask for different requests ({req_a} vs {req_b})"
         return Probe(commit, position, "error", error=why)
     request = VideoRequestSpec.from_dict(dict(req_a or req_b))
-    gate = [setup.metric]
-    thr = setup.thresholds or None
-    specs = {"A": spec_a, "B": spec_b}
-    bundles = run_sequential(specs, request, setup.warm, setup.design, out, setup.threshold, thr, gate)
+    gate = Gate([setup.metric], setup.threshold, setup.thresholds or None)
+    bundles = run_sequential({"A": spec_a, "B": spec_b}, request, setup.warm, setup.design, out, gate)
     try:
-        res = decide_sequential(bundles["A"], bundles["B"], setup.design, setup.threshold, thr, gate=gate)
+        res = decide_sequential(bundles["A"], bundles["B"], setup.design, gate)
     except ValueError as exc:
         return Probe(commit, position, "error", error=str(exc), out=str(out))
     write_ab_outputs(res, out)
