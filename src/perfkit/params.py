@@ -66,6 +66,8 @@ class RequestParams(_Model):
 
 
 class BaselineParams(_Model):
+    """Which baseline a run is compared against, with which profile and how strictly."""
+
     #: baseline JSON to compare against (relative to the params file's repo root or absolute)
     file: Optional[str] = None
     profile: str = "pr_test"

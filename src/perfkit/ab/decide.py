@@ -241,6 +241,7 @@ class AbResult:
 
     @property
     def decisions(self) -> dict[str, str]:
+        """metric -> decision, one per table row."""
         return dict(zip(self.table["metric"], self.table["decision"]))
 
     @property
@@ -261,6 +262,7 @@ class AbResult:
 
     @property
     def gated(self) -> pd.Series:
+        """Per table row, whether its regression sets the exit code (booleans)."""
         return self.table["gated"].astype(bool)
 
     @property

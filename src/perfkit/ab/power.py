@@ -40,6 +40,7 @@ class Pool:
     bundles: dict[str, ResultBundle] = field(default_factory=dict)
 
     def launches(self, arm: str) -> list[str]:
+        """The arm's launch labels, sorted."""
         return sorted(self.values[arm]["launch"].unique())
 
 

@@ -46,6 +46,7 @@ class Commit:
 
     @property
     def short(self) -> str:
+        """The sha's first 10 characters."""
         return self.sha[:10]
 
     def to_dict(self) -> dict[str, str]:
@@ -163,6 +164,7 @@ class ProbeSetup:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain dict (the design's too, ``spec`` as text)."""
         d = asdict(self)
         d["spec"] = str(self.spec)
         d["design"] = self.design.to_dict()

@@ -58,6 +58,7 @@ class BisectResult:
     wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``launches`` and each commit's ``short`` included)."""
         return _result_dict(
             self.probes,
             kind="bisect",

@@ -38,6 +38,8 @@ class Column:
 
 @dataclass(frozen=True)
 class Table:
+    """One declared table: a name, a line of doc and its columns (in file order)."""
+
     name: str
     doc: str
     columns: tuple[Column, ...]
@@ -46,6 +48,7 @@ class Table:
 
     @property
     def names(self) -> list[str]:
+        """Column names, in order."""
         return [c.name for c in self.columns]
 
 

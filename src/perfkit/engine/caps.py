@@ -136,6 +136,7 @@ class MemoryCaps:
 
     @property
     def unlimited(self) -> bool:
+        """True when neither a device nor a host cap is set."""
         return self.device_gib is None and self.host_gib is None
 
     def env(self) -> dict[str, str]:
@@ -274,6 +275,7 @@ class HostCapEnforcer:
 
     @property
     def cgroup_path(self) -> Path | None:
+        """The engine's own cgroup directory (None: it has none)."""
         return self._cgroup.path if self._cgroup is not None else None
 
     def start(self) -> None:

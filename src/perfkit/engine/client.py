@@ -46,6 +46,7 @@ class VideoRequestSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def payload(self) -> dict[str, Any]:
+        """The request's JSON body: the fields that are set, then ``extra``."""
         return {**{k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}, **self.extra}
 
     @classmethod
@@ -114,10 +115,12 @@ class RequestOutcome:
 
     @property
     def ok(self) -> bool:
+        """True when the job completed."""
         return self.status == "completed"
 
     @property
     def job(self) -> JobFields:
+        """The last job JSON's own fields (:func:`job_fields`)."""
         return job_fields(self.body)
 
     @property
@@ -354,6 +357,7 @@ class VideoClient:
         self.close()
 
     def health(self) -> bool:
+        """True when ``GET /health`` answers 200 (False on an HTTP error)."""
         return self._run(self.aio.health())
 
     def generate(self, spec: VideoRequestSpec, record_timeout_s: float = 10.0) -> RequestOutcome:

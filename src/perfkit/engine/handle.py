@@ -106,6 +106,7 @@ class WarmupShape:
 
     @property
     def latent_frames(self) -> int:
+        """Latent frames by LTX frame math (:func:`perfkit.common.frames.latent_frames`)."""
         return latent_frames(self.num_frames)
 
 
@@ -249,11 +250,13 @@ class EngineHandle:
 
     @property
     def base_url(self) -> str:
+        """``http://host:port`` of the engine (an IPv6 host in brackets)."""
         h = f"[{self.spec.host}]" if ":" in self.spec.host else self.spec.host
         return f"http://{h}:{self.port}"
 
     @property
     def health_url(self) -> str:
+        """The engine's health URL."""
         return self.base_url + self.spec.health_path
 
     @property
@@ -263,6 +266,7 @@ class EngineHandle:
 
     @property
     def perf_log_path(self) -> Path:
+        """The engine's perf log file (in ``perf_log_dir``)."""
         return self.perf_log_dir / _records.PERF_LOG_NAME
 
     def alive(self) -> bool:

@@ -349,6 +349,8 @@ def describe(ended: list[Ended]) -> str:
 # ---------------------------------------------------------------------------- this process's engines
 @dataclass(frozen=True)
 class StartedProcess:
+    """An engine process this process launched: pid, group, create time (epoch s), label, command."""
+
     pid: int
     pgid: int
     create_time: float

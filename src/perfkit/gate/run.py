@@ -104,6 +104,8 @@ def investigation_rows(
 
 @dataclass
 class GateResult:
+    """What the gate found: invariant and baseline rows, the cases, errors and warnings."""
+
     baseline_doc: dict[str, Any]
     cases: list[str]
     invariant_rows: list[Check]
@@ -114,6 +116,7 @@ class GateResult:
 
     @property
     def rows(self) -> list[Check]:
+        """Invariant rows, then baseline rows."""
         return [*self.invariant_rows, *self.baseline_rows]
 
 

@@ -72,6 +72,7 @@ class Step:
 
     @property
     def change_pct(self) -> float:
+        """The step's change in percent (+: the value rose)."""
         return (self.ratio - 1.0) * 100.0
 
 

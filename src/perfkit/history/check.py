@@ -50,6 +50,7 @@ class CheckRow(Judgement):
 
     @property
     def change_pct(self) -> float | None:
+        """The value's change from the level in percent (None: no value or no level)."""
         if self.value is None or not self.level:
             return None
         return (self.value / self.level - 1) * 100
@@ -57,10 +58,13 @@ class CheckRow(Judgement):
 
 @dataclass
 class CheckResult:
+    """The rows of a history check."""
+
     rows: list[CheckRow]
 
     @property
     def exit_code(self) -> int:
+        """EXIT_REGRESSION on a regression, EXIT_ERROR when no row could be judged, else EXIT_OK."""
         if not any(r.status in ("ok", "regression", "improvement", "unconfirmed") for r in self.rows):
             return EXIT_ERROR
         return EXIT_REGRESSION if any(r.status == "regression" for r in self.rows) else EXIT_OK

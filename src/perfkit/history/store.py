@@ -189,6 +189,8 @@ def _table(runs: Sequence[HistoryRun], added_at: datetime) -> pa.Table:
 
 @dataclass
 class AddResult:
+    """What :func:`add_runs` did: keys stored now, keys already there."""
+
     added: list[str]
     skipped: list[str]
 

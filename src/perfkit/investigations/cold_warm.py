@@ -243,6 +243,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
+    """The key numbers of a ``cold_warm`` results dict: cold start (s), cold and warm (ms), ratio."""
     cs = r.get("cold_start") or {}
     return [
         registry.KeyNumber("cold start, ready", number(cs.get("ready_s")), "s", ".1f"),
@@ -289,6 +290,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
+    """The Markdown reading of a ``cold_warm`` results dict: cold start, cold vs warm, the penalty."""
     ci = r.get("warm_cold_ratio_ci") or [None, None]
     cs = r.get("cold_start") or {}
     pen = r.get("penalty_ms") or {}

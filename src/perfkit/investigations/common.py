@@ -197,10 +197,12 @@ class Cell:
 
 
 def md(source: str) -> Cell:
+    """A Markdown cell."""
     return Cell("markdown", source)
 
 
 def code(source: str) -> Cell:
+    """A code cell."""
     return Cell("code", source)
 
 

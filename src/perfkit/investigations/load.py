@@ -233,6 +233,7 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """The gate's checks of a ``load`` results dict (each only when its invariant is set)."""
     rows: list[Check] = []
     inv = {k: v for k, v in inv.items() if v is not None}
     levels = r.get("levels") or []
@@ -267,6 +268,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[KeyNumber]:
+    """The key numbers of a ``load`` results dict: throughput (videos/min), p99, SLO (ms), growth (MiB)."""
     levels = r.get("levels") or []
     out = []
     for lv in levels[:1] + levels[1:][-1:]:
@@ -326,6 +328,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
+    """The Markdown reading of a ``load`` results dict: the levels, the open loop and the trace."""
     lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     lines += [
         "",

@@ -263,6 +263,7 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """The gate's checks of a ``memory_budget`` results dict: per budget, cap held, completed, warm."""
     rows: list[Check] = []
     caps = [c for c in (r.get("caps") or []) if isinstance(c, dict)]
     for key, col, want in (
@@ -290,6 +291,7 @@ def _gib(v: Any) -> str:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
+    """The key numbers of a ``memory_budget`` results dict (peaks in MiB, minimum budget in GiB)."""
     out = [
         registry.KeyNumber(
             f"cap {c.get('label')}",
@@ -336,6 +338,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
+    """The Markdown reading of a ``memory_budget`` results dict: per budget (MiB), the minimum (GiB)."""
     out = []
     for c in r.get("caps") or []:
         out.append(

@@ -276,6 +276,7 @@ def _order_checks(r: Mapping[str, Any], entries: list[dict[str, Any]]) -> list[C
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
+    """The key numbers of an ``offload_modes`` results dict: per mode warm e2e (ms), peaks (MiB)."""
     out = []
     for e in r.get("modes") or []:
         st = e.get("status")
@@ -314,6 +315,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
+    """The Markdown reading of an ``offload_modes`` results dict: a line per mode (ms, s, MiB), the order."""
     out = []
     for e in r.get("modes") or []:
         st = e.get("status")

@@ -258,6 +258,7 @@ def check_bundle(bundle: ResultBundle) -> None:
 
 
 def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
+    """The gate's checks of an ``overhead`` results dict: each part's interval against its maximum."""
     rows: list[Check] = []
     if "instrumentation_overhead_max" not in inv:
         return rows
@@ -271,6 +272,7 @@ def checks(r: Mapping[str, Any], inv: Mapping[str, Any]) -> list[Check]:
 
 
 def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
+    """The key numbers of an ``overhead`` results dict: each part's overhead, 95 % interval (% of e2e)."""
     out = []
     for part in PARTS:
         s = r.get(part) or {}
@@ -283,6 +285,7 @@ def key_numbers(r: Mapping[str, Any]) -> list[registry.KeyNumber]:
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """The summary table of an ``overhead`` results dict: a row per part (medians in ms, interval)."""
     rows = []
     for part in PARTS:
         s = r.get(part) or {}
@@ -293,6 +296,7 @@ def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def reading(r: Mapping[str, Any]) -> str:
+    """The Markdown reading of an ``overhead`` results dict: each overhead and whether its interval tells."""
     lines = [f"- **{md_text(k.label)}**: {md_text(k.text)}" for k in key_numbers(r)]
     how = set()
     for s in (r.get(part) or {} for part in PARTS):

@@ -274,10 +274,12 @@ _SUMMARY_COLUMNS = (
 
 
 def summary_table(r: Mapping[str, Any]) -> pd.DataFrame:
+    """The summary table of a ``warmup_shapes`` results dict: a row per (warmup setting, request shape)."""
     return common.pick_columns(pd.DataFrame(r.get("coverage") or []), _SUMMARY_COLUMNS)
 
 
 def reading(r: Mapping[str, Any]) -> str:
+    """The Markdown reading of a ``warmup_shapes`` results dict: a line per shape pair, the cost."""
     rows = r.get("coverage") or []
     if not rows:
         return "No coverage results."

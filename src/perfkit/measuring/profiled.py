@@ -62,6 +62,7 @@ class ProfileParams(BaseModel):
         return v
 
     def fields(self) -> dict[str, Any]:
+        """sglang's request fields for a profiled request."""
         return {
             "profile": True,
             "num_profiled_timesteps": self.steps,

@@ -169,6 +169,7 @@ class RunBars:
         self.launch_bar: Any = None
 
     def handle(self, ev: Mapping[str, Any], investigation: str = "") -> None:
+        """Apply one event (``launching``, ``launch``, ``request``, ``launch_done``) to the bars."""
         if not self.enabled:
             return
         kind = ev.get("event")
@@ -249,6 +250,7 @@ class RunBars:
         self.overall.set_postfix_str(f"launch {self.launches_seen}{of}")
 
     def close(self) -> None:
+        """Close the bars."""
         if self.launch_bar is not None:
             self.launch_bar.close()
         self.overall.close()

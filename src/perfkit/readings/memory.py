@@ -27,9 +27,11 @@ class ReadBudget:
     next_at: float = 0.0
 
     def due(self, now: float) -> bool:
+        """Whether a read may be taken at ``now`` (monotonic s)."""
         return now >= self.next_at
 
     def spent(self, t0: float, took: float) -> None:
+        """A read began at ``t0`` and took ``took`` s: the next one waits by the duty cycle."""
         self.next_at = t0 + took / self.duty
 
 

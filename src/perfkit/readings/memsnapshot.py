@@ -37,6 +37,8 @@ class MemSnapshotError(ValueError):
 
 
 class Frame(BaseModel):
+    """One Python (or C++) frame: function ``name``, ``filename``, ``line``."""
+
     name: str
     filename: str
     line: int
@@ -77,6 +79,8 @@ class _Framed(BaseModel):
 
 
 class Block(_Framed):
+    """A block inside a segment (bytes)."""
+
     address: int
     requested_size: Optional[int] = None
     state: str
@@ -108,6 +112,8 @@ class SnapshotFile(BaseModel):
 
 @dataclass
 class MemSnapshot:
+    """A validated snapshot. ``path``: where it was read from."""
+
     path: Path
     segments: list[Segment]
     traces: list[list[TraceEntry]]

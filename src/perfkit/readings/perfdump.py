@@ -39,6 +39,7 @@ class PerfDump(PerfRecord):
 
     @property
     def layout(self) -> str:
+        """``"stages_only"`` (older sglang) or ``"with_denoise_steps"``."""
         return "stages_only" if self.denoise_steps is None else "with_denoise_steps"
 
 
@@ -123,16 +124,20 @@ class DumpRow:
 
     @property
     def diff(self) -> float | None:
+        """after - before (ms; None when a side is missing)."""
         return None if self.before is None or self.after is None else self.after - self.before
 
     @property
     def pct(self) -> float | None:
+        """The difference in percent of before (0 when before is 0; None when a side is missing)."""
         d = self.diff  # compare_perf: base 0 -> 0 %
         return None if d is None else 0.0 if self.before == 0 else d / self.before * 100.0
 
 
 @dataclass
 class DumpComparison:
+    """The result of :func:`compare_dumps`."""
+
     before: PerfDump
     after: PerfDump
     e2e: DumpRow
@@ -140,10 +145,12 @@ class DumpComparison:
 
     @property
     def compared(self) -> int:
+        """How many rows had a number on both sides."""
         return sum(1 for r in (self.e2e, *self.stages) if r.diff is not None)
 
     @property
     def regressions(self) -> list[DumpRow]:
+        """The rows (e2e, then stages) that got slower."""
         return [r for r in (self.e2e, *self.stages) if r.status == "slower"]
 
     @property

@@ -32,6 +32,7 @@ class RecordError(ValueError):
         super().__init__(f"{where + ': ' if where else ''}key {key!r}: {problem}")
 
     def located(self, source: str | None = None, line: int | None = None) -> "RecordError":
+        """The same error with the file and/or line filled in."""
         return RecordError(self.key, self.problem, source=source or self.source, line=line or self.line)
 
 
@@ -208,6 +209,7 @@ class PerfRecord:
 
     @property
     def is_warmup(self) -> bool:
+        """True for startup warmup runs (tag ``warmup``)."""
         return (self.tag or "").lower() == "warmup"
 
     def stage_ms(self) -> dict[str, float | None]:

@@ -29,6 +29,7 @@ STUCK_EXIT_S = 10.0
 
 
 def timeout() -> _dt.timedelta:
+    """The collective timeout: PERFKIT_DIST_TIMEOUT_S or :data:`DEFAULT_TIMEOUT_S` (s)."""
     return _dt.timedelta(seconds=float(os.environ.get("PERFKIT_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
 
 
@@ -212,6 +213,8 @@ class Rank0Runner:
         self.pipe, self.par = pipe, par
 
     def run(self, req, keep_output: bool = False, slow: bool = False):
+        """Run one request on every rank; the result carries the ranks' reports.
+        Raises RuntimeError once the group is unusable (and re-raises a run's error, marking it so)."""
         from perfkit.refengine.profiling import snapshot
 
         if self.fatal:

@@ -47,6 +47,8 @@ class GenRequest:
 
 @dataclass
 class StageResult:
+    """One stage's time (ms), start and end (epoch s) and CUDA peaks (MiB; None: not CUDA)."""
+
     name: str
     ms: float
     t_start: float

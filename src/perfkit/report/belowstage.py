@@ -169,10 +169,12 @@ def diff_frame(diff: pd.DataFrame, n: int = 8, first: str = "cold", second: str 
 
 
 def first_word(bs: BelowStage) -> str:
+    """``cold`` or ``first`` (of a new shape): what the diff's first side is called."""
     return "cold" if bs.diff_from in (None, DIFF_ROLES[0]) else "first"
 
 
 def diff_title(bs: BelowStage) -> str:
+    """The diff's caption: which request against which."""
     return f"{bs.diff_from or DIFF_ROLES[0]} → profiled warm (each op's median over the warm ones)"
 
 

@@ -290,6 +290,7 @@ def _facts(d: Mapping[str, Any], md: bool = True) -> list[str]:
 
 
 def bisect_summary_markdown(d: Mapping[str, Any]) -> str:
+    """``summary.md`` of a bisect or confirm: the outcome with its exit code, the facts, the probes."""
     name = "perfkit history confirm" if d.get("kind") == "confirm" else "perfkit bisect"
     lines = [
         f"## {name}: {str(d.get('outcome')).upper()} (exit code {d.get('exit_code')})",

@@ -99,6 +99,7 @@ class Table:
 
     @property
     def empty(self) -> bool:
+        """True when the table has no rows."""
         return not self.rows
 
     @property

@@ -425,10 +425,12 @@ class VarianceSplit:
 
     @property
     def cv_between(self) -> float:
+        """√σ_b² (≈ CV of launch means beyond request noise, unitless; NaN when σ_b² < 0)."""
         return math.sqrt(self.between) if self.between >= 0 else math.nan
 
     @property
     def cv_within(self) -> float:
+        """√σ_w² (≈ CV of requests inside a launch, unitless; NaN when σ_w² < 0)."""
         return math.sqrt(self.within) if self.within >= 0 else math.nan
 
 

@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SuiteResult:
+    """What a suite run gave: its directory, exit code, status, notebooks and verdicts table."""
+
     run_dir: Path
     exit_code: int
     status: str

@@ -204,12 +204,15 @@ KERNEL_NAME = "python3"
 
 
 def notebooks_dir() -> Path:
+    """The notebooks folder: PERFKIT_NOTEBOOKS or the repo's ``notebooks``."""
     env = os.environ.get("PERFKIT_NOTEBOOKS")
     return Path(env) if env else repo_root() / "notebooks"
 
 
 @dataclass
 class NotebookRun:
+    """One notebook's run in a suite: status, wall time (s), error, parameters."""
+
     name: str
     status: str = "pending"  # ok, error, skipped
     wall_s: float | None = None

@@ -122,6 +122,7 @@ class MemorySampler:
         return self
 
     def stop(self) -> "MemorySampler":
+        """Stop the thread and release NVML; returns the sampler."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(max(2.0, 5 * self.interval_s))
@@ -148,6 +149,7 @@ class MemorySampler:
 
     @property
     def running(self) -> bool:
+        """True while the sampling thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:

@@ -190,6 +190,7 @@ class PynvmlSource:
         self._unsupported: set[str] = set()
 
     def open(self, indices: Sequence[int]) -> bool:
+        """Start NVML for devices ``indices``; False (logged) when NVML or a device is not there."""
         self._nv = _nvml_init()
         if self._nv is None:
             return False
@@ -202,6 +203,7 @@ class PynvmlSource:
         return True
 
     def close(self) -> None:
+        """Shut NVML down (safe to call twice)."""
         if self._nv is not None:
             _nvml_shutdown(self._nv)
         self._nv, self._handles = None, {}
@@ -217,6 +219,7 @@ class PynvmlSource:
             return default
 
     def device(self, index: int) -> DeviceReading:
+        """One reading of device ``index`` (KeyError: not opened)."""
         nv, h = self._nv, self._handles[index]
         mem = nv.nvmlDeviceGetMemoryInfo(h)
         util = self._optional(
@@ -234,6 +237,7 @@ class PynvmlSource:
         return DeviceReading(int(mem.used), int(mem.total), util, clock, float(power), reasons)
 
     def processes(self, index: int) -> list[tuple[int, int | None]]:
+        """(pid, used bytes or None) of each compute process on device ``index``."""
         procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handles[index])
         return [(int(p.pid), getattr(p, "usedGpuMemory", None)) for p in procs]
 
