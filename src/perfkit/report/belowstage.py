@@ -190,8 +190,10 @@ def overhead_tables(bs: BelowStage) -> list[tuple[str, pd.DataFrame]]:
 def panel(bundle: ResultBundle | Exception | None, link_prefix: str = "") -> dict[str, Any] | None:
     """The report's "below the stage" panel of a bundle or its load error; None when none or
     nothing profiled. Never raises."""
-    if bundle is None or isinstance(bundle, Exception):
-        return bundle and _panel(pd.DataFrame(), errors=[repr(bundle)])
+    if bundle is None:
+        return None
+    if isinstance(bundle, Exception):
+        return _panel(pd.DataFrame(), errors=[repr(bundle)])
     try:
         bs = below_stage(bundle)
     except Exception as exc:  # noqa: BLE001 - a broken bundle must not kill the report
