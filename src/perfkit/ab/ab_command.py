@@ -198,21 +198,18 @@ def run_or_replay(
         gate = rec_gate if gate is None else gate
         if not live.get("threshold_from") and threshold is None:
             thresholds = rec_thresholds
-        threshold = threshold or rec_threshold or stats.DEFAULT_THRESHOLD
+        rule = sq.Gate(gate, threshold or rec_threshold or stats.DEFAULT_THRESHOLD, thresholds)
     else:
         from perfkit.engine.client import VideoRequestSpec
 
         request = VideoRequestSpec.from_dict(request_for(a[1], b[1], live.get("shape", {})))
         design, threshold, thresholds = decision(None)
-        threshold = threshold or stats.DEFAULT_THRESHOLD
-        rule = sq.Gate(gate, threshold, thresholds)
+        rule = sq.Gate(gate, threshold or stats.DEFAULT_THRESHOLD, thresholds)
         bundles = sq.run_sequential(
             {"A": a[0], "B": b[0]}, request, live["warm"], design, out, rule, live.get("profile")
         )
     try:
-        res = decide_sequential(
-            bundles["A"], bundles["B"], design, sq.Gate(gate, threshold, thresholds), undecided
-        )
+        res = decide_sequential(bundles["A"], bundles["B"], design, rule, undecided)
     except ValueError as exc:
         why = "" if live.get("replay") else f" (the launches are kept: --replay {out / 'a'} {out / 'b'})"
         raise AbInputError(f"{exc}{why}", "--gate-metrics") from None
