@@ -481,7 +481,8 @@ def test_debug_stage_delay_is_refused_when_malformed(tmp_path):
 @pytest.mark.parametrize("flag", ["--steps", "--warmup-steps", "--height", "--width"])
 def test_a_zero_size_or_step_count_exits_2_before_torch(flag):
     """Found reading the code: ``--warmup-steps 0`` divided by zero in the warmup (exit 3) and
-    ``--steps 0``/``--height 0``/``--width 0`` fell back to the preset's value silently."""
+    ``--steps 0``/``--height 0``/``--width 0`` fell back to the preset's value silently; 10**30 of
+    each hung or crashed in torch after the models loaded (a breaker's find)."""
     import subprocess
     import sys
 
@@ -489,10 +490,16 @@ def test_a_zero_size_or_step_count_exits_2_before_torch(flag):
         "import sys; from perfkit.refengine.cli import main; rc = main(sys.argv[1:]); "
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
-    out = subprocess.run([sys.executable, "-c", code, flag, "0"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2, out.stderr
-    assert f"{flag} must be >= 1, got 0" in out.stderr
-    assert "Traceback" not in out.stderr
+    for value, says in (
+        ("0", ">= 1, got 0"),
+        (str(10**30), f"<= {'10000' if 'steps' in flag else '16384'}, got 1"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, flag, value], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 2, out.stderr
+        assert f"{flag} must be {says}" in out.stderr
+        assert "Traceback" not in out.stderr
 
 
 def test_cpu_threads_past_the_hosts_cpus_exits_2_before_torch():

@@ -234,6 +234,16 @@ def _checked(args: argparse.Namespace) -> list[int]:
         value = getattr(args, name)
         if value is not None and value < low:
             raise _Refused(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    for name, high in {
+        "steps": 10_000,
+        "warmup_steps": 10_000,
+        "height": 16_384,
+        "width": 16_384,
+        "num_gpus": 1_024,
+    }.items():
+        value = getattr(args, name)
+        if value is not None and value > high:  # else a hang or a torch crash after loading
+            raise _Refused(f"--{name.replace('_', '-')} must be <= {high}, got {value}")
     if args.rank is not None and not (
         0 <= args.rank < args.num_gpus and args.world_size == args.num_gpus and args.dist_init
     ):
